@@ -54,7 +54,7 @@ from mqttamqp.store.models import (
     will_to_record,
 )
 
-__all__ = ["HANDLERS", "HOLD_GATHER", "HOLD_ROUNDS", "Carried", "Trees", "age_held",
+__all__ = ["HANDLERS", "HOLD_GATHER", "HOLD_ROUNDS", "Trees", "age_held",
            "gather_window", "split_held", "superseded_puts"]
 
 
@@ -154,16 +154,13 @@ def gather_window(pending: Iterable[tuple[Sequence[Op], object]], window: float)
     put there (``PutQueued``, ``PutQueueMessage``: what an acknowledgement or a
     trim usually cancels within a millisecond) waits for it;
     ``window`` × ``HOLD_GATHER`` when all of it is puts for online subscribers
-    (``PutQueued.online``), what an earlier commit held over and queue entries'
-    deletes, whose submitters wait on nothing but what their subscriber's
-    acknowledgements release as well (a steady durable QoS 1 flow: fewer commit
-    rounds, fewer puts held and looked at twice); ``window`` otherwise."""
+    (``PutQueued.online``) and queue entries' deletes, whose submitters wait on
+    nothing but what their subscriber's acknowledgements release as well (a steady
+    durable QoS 1 flow: fewer commit rounds, fewer puts held and looked at twice);
+    ``window`` otherwise."""
     puts = False
     acks_only = True
     for ops, _ in pending:
-        if type(ops) is Carried:
-            puts = puts or bool(ops)
-            continue
         if not ops:
             acks_only = False     # (a barrier: its waiter waits for this commit)
         for op in ops:
@@ -270,12 +267,6 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
     return skip
 
 
-class Carried(tuple[Op, ...]):
-    """The puts a commit held over (``split_held``), for the next one."""
-
-    __slots__ = ()
-
-
 def age_held(held: dict[int, list[Op]], rounds: dict[int, int]) -> dict[int, int]:
     """Take out of ``held`` the puts already held over ``HOLD_ROUNDS`` commits (this
     commit writes them); return how many commits each put left in has been held
@@ -297,16 +288,22 @@ def age_held(held: dict[int, list[Op]], rounds: dict[int, int]) -> dict[int, int
 
 def split_held(group: list[tuple[tuple[Op, ...], Any]], held: dict[int, list[Op]]
                ) -> tuple[list[tuple[tuple[Op, ...], Any]], list[tuple[tuple[Op, ...], Any]]]:
-    """The group whose ``held`` puts were left out of its commit, split in two: the
-    submits before the first one holding a put, whose waiters may fire at the commit,
-    and the rest, each as (its held puts, its waiter) for the next commit.  The later
-    ones wait too, though all their ops are committed: waiters fire in the order of
-    their submits (an empty submit is a barrier for everything before it)."""
+    """The group split before the first submit holding a put (a put sent at once to
+    an online subscriber that nothing in the group cancelled, ``superseded_puts``;
+    held over at most ``HOLD_ROUNDS`` commits, ``age_held``): the submits before it,
+    which this commit writes, and the rest, whole, for the next commit.  Most held
+    puts are cancelled there by their subscriber's acknowledgement, and neither they
+    nor their deletes are ever written.  A submit is never split (its ops are
+    durable together, and a waiter that fails holds nothing that was stored: the core
+    undoes such a submit in memory), what is stored is always the state after a
+    prefix of the submits (a ``kill -9`` between the two commits leaves no later op
+    without an earlier one), and waiters fire in the order of their submits (an
+    empty submit is a barrier for everything before it).  (Review h-rev-hold,
+    session 19.)"""
     if not held:
         return group, []
     first = min(held)
-    return group[:first], [(Carried(held.get(index, ())), waiter)
-                           for index, (_, waiter) in enumerate(group[first:], first)]
+    return group[:first], group[first:]
 
 
 def _delete_queued(t: Trees, op: DeleteQueued) -> None:

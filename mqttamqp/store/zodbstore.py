@@ -16,6 +16,10 @@ Threading rules:
   (FileStorage fsyncs every commit, and so does SQLite as ``engines`` sets it up)
   and fires the Deferreds of that commit on the reactor thread through
   ``reactor.callFromThread``.  Whatever arrives during a commit goes into the next.
+  A submit with the put of a QoS 1 entry just sent to an online subscriber
+  (``PutQueued.online``), and every submit after it, may wait for a later commit
+  (at most ``applying.HOLD_ROUNDS``): its subscriber's acknowledgement usually
+  cancels the put first, and then neither it nor its delete is ever written.
 * ``pack()`` runs in its own thread; FileStorage packs concurrently with commits.
 * ``read_queue_messages()`` queues a request for the reader thread, which reads
   with a connection of its own (a new transaction per request: it sees every
@@ -51,7 +55,6 @@ from mqttamqp.core.persistence import (
 )
 from mqttamqp.store.applying import (
     HANDLERS,
-    Carried,
     Trees,
     age_held,
     gather_window,
@@ -446,24 +449,26 @@ class ZODBStore:
                 self._completions.add([(d, err) for _, d in leftover])
 
     def _commit(self, tm: Any, conn: Any, group: list[_Waiter]) -> None:
-        nops = sum(len(ops) for ops, _ in group)
         started = time.monotonic()
         failure: Failure | None = None
-        # Puts of entries for online subscribers are held over to a later commit, at
-        # most HOLD_ROUNDS times (not while closing, nor without a gather window):
-        # most are acknowledged before, and neither they nor their deletes are written.
+        # Held puts (not while closing, nor without a gather window): ``split_held``;
+        # the prefix written, its puts superseded only by what is written with them.
         held: dict[int, list[Op]] | None = (
             {} if self._gather > 0 and not self._stopping else None)
         skip = superseded_puts(group, held)
-        self._coalesced += len(skip)
         self._rounds = age_held(held, self._rounds) if held else {}
-        nheld = len(self._rounds)   # (one entry a put held)
+        carried: list[_Waiter] = []
         if held:
-            skip.update(id(op) for puts in held.values() for op in puts)
+            self._held += len(self._rounds)   # (one entry a put held)
+            group, carried = split_held(group, held)
+            skip = superseded_puts(group)
+        nops = sum(len(ops) for ops, _ in group)
+        self._coalesced += len(skip)
         try:
             # (nothing left to write, and no leader epoch to check: no transaction)
             for attempt in (tm.attempts(self._commit_attempts)
-                            if len(skip) < nops or self.epoch is not None else ()):
+                            if len(skip) < nops or (group and self.epoch is not None)
+                            else ()):
                 with attempt:
                     if self.epoch is not None:
                         check(conn, self.epoch)
@@ -489,30 +494,28 @@ class ZODBStore:
         self._last_commit_seconds = elapsed
         self._max_commit_seconds = max(self._max_commit_seconds, elapsed)
         self._commit_seconds += elapsed
-        self._batches += sum(type(ops) is not Carried for ops, _ in group)
+        self._batches += len(group)
         self._last_batch_ops = nops
         self._max_batch_seen = max(self._max_batch_seen, nops)
         if failure is None:
-            self._commits += 1
-            self._ops += nops - nheld   # (held: counted when written)
-            if held:
-                self._held += nheld
-                group, carried = split_held(group, held)
-                self._carry(carried)
+            self._commits += 1 if group else 0
+            self._ops += nops
         else:
             self._failed_commits += 1
             self._rounds = {}
         if group:   # (all of it held over: nothing to hand over, no wake-up)
             self._completions.add([(d, failure) for _, d in group])
+        if carried:   # (after those: waiters fire in submit order, fenced too)
+            self._carry(carried, failure)
 
-    def _carry(self, carried: list[_Waiter]) -> None:
-        """Put what a commit held over back in front of the queue (fenced: fail it)."""
+    def _carry(self, carried: list[_Waiter], failure: Failure | None) -> None:
+        """Put what a commit held over back in front of the queue (or fail it)."""
         with self._cond:
-            if not self.fenced:
+            if not self.fenced and failure is None:
                 self._pending.extendleft(reversed(carried))
                 self._pending_ops += sum(len(ops) for ops, _ in carried)
                 return
-        err = Failure(StoreClosedError(f"not committed: {self.fenced}"))
+        err = failure or Failure(StoreClosedError(f"not committed: {self.fenced}"))
         self._completions.add([(d, err) for _, d in carried])
 
     def _pack_thread(self, d: Deferred[None], days: float) -> None:
