@@ -268,16 +268,18 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
 
 
 def age_held(held: dict[int, list[Op]], rounds: dict[int, int]) -> dict[int, int]:
-    """Take out of ``held`` the puts already held over ``HOLD_ROUNDS`` commits (this
-    commit writes them); return how many commits each put left in has been held
-    over, this one counted (by id: ``rounds`` for the next commit)."""
+    """Take out of ``held`` the puts already held over ``HOLD_ROUNDS`` commits; return
+    how many commits each put given has been a candidate, this one counted (by id:
+    ``rounds`` for the next commit).  A put taken out keeps its count: a put held
+    before it may still keep its submit from this commit (``split_held``), and it
+    must not start again next time (review probe: two puts kept each other held
+    for ever)."""
     aged: dict[int, int] = {}
     for index in list(held):
         keep = []
         for op in held[index]:
-            n = rounds.get(id(op), 0) + 1
+            n = aged[id(op)] = rounds.get(id(op), 0) + 1
             if n <= HOLD_ROUNDS:
-                aged[id(op)] = n
                 keep.append(op)
         if keep:
             held[index] = keep

@@ -459,7 +459,7 @@ class ZODBStore:
         self._rounds = age_held(held, self._rounds) if held else {}
         carried: list[_Waiter] = []
         if held:
-            self._held += len(self._rounds)   # (one entry a put held)
+            self._held += sum(map(len, held.values()))
             group, carried = split_held(group, held)
             skip = superseded_puts(group)
         nops = sum(len(ops) for ops, _ in group)

@@ -800,6 +800,23 @@ def test_a_fence_during_a_commit_that_holds_a_put_fires_in_submit_order(
     assert "c" not in reload(disk).sessions     # (nothing of the failed ones stored)
 
 
+def test_a_put_held_its_last_time_is_not_held_again_while_its_submit_waits() -> None:
+    """A put that has been held ``HOLD_ROUNDS`` times keeps its count while an earlier
+    held put keeps its submit waiting: it is not held again.  (Before, its count was
+    dropped with it, and two such puts kept each other's submits waiting for ever:
+    the review's differential probe, seed 81916896, a busy writer.)"""
+    put = _online(1)
+    rounds: dict[int, int] = {}
+    for _ in range(applying.HOLD_ROUNDS):
+        held: dict[int, list[Any]] = {0: [put]}
+        rounds = applying.age_held(held, rounds)
+        assert held == {0: [put]}
+    for _ in range(2):
+        held = {0: [put]}
+        rounds = applying.age_held(held, rounds)
+        assert held == {} and rounds[id(put)] > applying.HOLD_ROUNDS
+
+
 def test_no_put_is_held_for_a_session_deleted_in_the_same_commit() -> None:
     """A sent put after a DeleteSession of its client in the same submit is ignored
     by the writer; held over, it would revive the session in the next commit."""
