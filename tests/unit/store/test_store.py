@@ -677,14 +677,22 @@ def test_an_online_entry_is_held_over_a_commit_and_its_delete_cancels_it(
     assert snap.sessions["c"].queue == [] and list(snap.retained) == ["r"]
 
 
+def _holding(disk: MemoryDisk, reactor: FakeReactor, gather: float = 30.0
+             ) -> tuple[ZODBStore, Any]:
+    """A store whose first commit wrote a session and held the put of the submit
+    after it: the store and that submit's waiter."""
+    store = open_store(disk, reactor, gather_seconds=gather, max_batch_ops=2)
+    first = store.submit([PutSession("c", 1.0)])
+    held = store.submit([_online(1)])
+    wait(reactor, first)
+    return store, held
+
+
 def test_a_held_put_is_written_after_the_last_commit_it_may_wait(
         disk: MemoryDisk, reactor: FakeReactor) -> None:
     """No acknowledgement came: the put is held over ``HOLD_ROUNDS`` commits (each
     after its gather window), then written, once, and its waiter fires then."""
-    store = open_store(disk, reactor, gather_seconds=0.01, max_batch_ops=2)
-    first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_online(1)])
-    wait(reactor, first)
+    store, held = _holding(disk, reactor, gather=0.01)
     wait(reactor, held)
     assert store.stats()["held_puts"] == applying.HOLD_ROUNDS
     # (the first commit writes the session; the rounds that hold the put write
@@ -696,10 +704,7 @@ def test_a_held_put_is_written_after_the_last_commit_it_may_wait(
 
 def test_closing_writes_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> None:
     """A put held over when the store closes is written by the final commit."""
-    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
-    first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_online(1)])
-    wait(reactor, first)
+    store, held = _holding(disk, reactor)
     assert not held.called
     store.close()
     assert held.called and held.result is None
@@ -708,10 +713,7 @@ def test_closing_writes_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> No
 
 def test_a_fence_fails_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> None:
     """Fenced (another leader): a held put is not committed later; its waiter fails."""
-    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
-    first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_online(1)])
-    wait(reactor, first)
+    store, held = _holding(disk, reactor)
     store.fence("another leader")
     failures: list[Failure] = []
     held.addErrback(failures.append)
