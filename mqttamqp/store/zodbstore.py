@@ -505,7 +505,7 @@ class ZODBStore:
             self._rounds = {}
         if group:   # (all of it held over: nothing to hand over, no wake-up)
             self._completions.add([(d, failure) for _, d in group])
-        if carried:   # (after those: waiters fire in submit order, fenced too)
+        if carried:   # (after those, in submit order; fence() fails what is queued at once)
             self._carry(carried, failure)
 
     def _carry(self, carried: list[_Waiter], failure: Failure | None) -> None:

@@ -227,7 +227,8 @@ def test_the_router_marks_online_only_a_qos1_put_sent_at_once() -> None:
 
 def test_no_put_is_marked_online_for_a_publish_that_commits_more_than_its_deliveries(
         ) -> None:
-    """A held put is committed after the rest of its submit: not for a will (its
+    """No put is held for a publish that stores more than its deliveries (as when the
+    writer committed the rest of a submit before a held put): not for a will (its
     ``DeleteWill`` would be durable without the delivery: lost after kill -9), nor
     for an inbound QoS 2 publish (its stored packet id would make the re-sent
     PUBLISH a duplicate, never routed again; and its gated deliveries go out only

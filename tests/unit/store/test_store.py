@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -654,6 +656,30 @@ def _online(seq: int) -> PutQueued:
     return PutQueued("c", seq, StoredQueued(Message("t", b"x", 1), 1), True, True)
 
 
+@contextmanager
+def _parked(store: ZODBStore) -> Iterator[None]:
+    """The writer busy in a commit of its own (a session "parker") until the block
+    ends: what is submitted meanwhile waits, and the writer takes it as one group
+    (whatever the threads' timing)."""
+    entered, release = threading.Event(), threading.Event()
+    original = applying.HANDLERS[PutSession]
+
+    def park(t: Any, op: PutSession) -> None:
+        if op.client_id == "parker" and not release.is_set():
+            entered.set()
+            release.wait(TIMEOUT)
+        original(t, op)
+
+    applying.HANDLERS[PutSession] = park
+    try:
+        store.submit([PutSession("parker", 1.0)])
+        assert entered.wait(TIMEOUT)
+        yield
+    finally:
+        release.set()
+        applying.HANDLERS[PutSession] = original
+
+
 def test_an_online_entry_is_held_over_a_commit_and_its_delete_cancels_it(
         disk: MemoryDisk, reactor: FakeReactor) -> None:
     """The first put of an entry for an online subscriber is left out of its commit and
@@ -662,9 +688,10 @@ def test_an_online_entry_is_held_over_a_commit_and_its_delete_cancels_it(
     commit that settles it, and so are the ops of the later ones written: the submits
     from the one holding a put on go to the next commit whole."""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=3)
-    first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_online(1)])
-    later = store.submit([PutRetained(msg("r"))])    # (3 ops: the batch is full)
+    with _parked(store):
+        first = store.submit([PutSession("c", 1.0)])
+        held = store.submit([_online(1)])
+        later = store.submit([PutRetained(msg("r"))])    # (3 ops: the batch is full)
     wait(reactor, first)
     assert not held.called and not later.called
     assert store.stats()["held_puts"] == 1
@@ -682,8 +709,9 @@ def _holding(disk: MemoryDisk, reactor: FakeReactor, gather: float = 30.0
     """A store whose first commit wrote a session and held the put of the submit
     after it: the store and that submit's waiter."""
     store = open_store(disk, reactor, gather_seconds=gather, max_batch_ops=2)
-    first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_online(1)])
+    with _parked(store):
+        first = store.submit([PutSession("c", 1.0)])
+        held = store.submit([_online(1)])
     wait(reactor, first)
     return store, held
 
@@ -695,9 +723,9 @@ def test_a_held_put_is_written_after_the_last_commit_it_may_wait(
     store, held = _holding(disk, reactor, gather=0.01)
     wait(reactor, held)
     assert store.stats()["held_puts"] == applying.HOLD_ROUNDS
-    # (the first commit writes the session; the rounds that hold the put write
-    # nothing and are no commit; the last writes it)
-    assert store.stats()["commits"] == 2
+    # (the parker's commit; the next writes the session; the rounds that hold the
+    # put write nothing and are no commit; the last writes it)
+    assert store.stats()["commits"] == 3
     store.close()
     assert [seq for seq, _ in reload(disk).sessions["c"].queue] == [1]
 
@@ -731,8 +759,9 @@ def test_a_submit_after_a_held_put_is_not_stored_by_the_commit_that_holds_it(
     queued for the same subscriber would otherwise be restored before the held one,
     and a transaction's submit would be half stored).  (Review h-rev-hold.)"""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=3)
-    first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_online(1), PutRetained(msg("r"))])   # (3 ops: the batch is full)
+    with _parked(store):
+        first = store.submit([PutSession("c", 1.0)])
+        held = store.submit([_online(1), PutRetained(msg("r"))])   # (3 ops: full)
     wait(reactor, first)
     assert not held.called
     assert store.load().retained == {}      # (not the retained message without the put)
@@ -752,8 +781,9 @@ def test_a_failed_commit_after_a_held_put_stored_nothing_of_the_submits_it_fails
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=3)
     commit(reactor, store, [PutSession("c", 1.0), PutSession("p", 1.0)])
     w = Waiter()
-    w.watch(store.submit([_online(1)]), 1)
-    w.watch(store.submit([PutInboundQos2("p", 7), PutRetained(msg("q2"))]), 2)   # full
+    with _parked(store):     # (the two in one group: the first holds a put)
+        w.watch(store.submit([_online(1)]), 1)
+        w.watch(store.submit([PutInboundQos2("p", 7), PutRetained(msg("q2"))]), 2)
     original = applying.HANDLERS[PutRetained]
 
     def failing(t: Any, op: PutRetained) -> None:
@@ -775,6 +805,30 @@ def test_a_failed_commit_after_a_held_put_stored_nothing_of_the_submits_it_fails
     assert [tag for tag, _ in w.results] == [1, 2, 3]
 
 
+def test_a_failed_commit_fails_the_submits_it_held_over(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """The commit of the submits before a held put fails: the submit holding it (and
+    every later one) fails with it, in order, and nothing of it is stored."""
+    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
+    original = applying.HANDLERS[PutRetained]
+
+    def failing(t: Any, op: PutRetained) -> None:
+        raise OSError(28, "No space left on device")
+
+    applying.HANDLERS[PutRetained] = failing
+    w = Waiter()
+    try:
+        with _parked(store):     # (the two in one group)
+            w.watch(store.submit([PutRetained(msg("boom"))]), 0)
+            w.watch(store.submit([_online(1)]), 1)
+        w.wait(reactor)
+    finally:
+        applying.HANDLERS[PutRetained] = original
+    store.close()
+    assert [(tag, result is not None) for tag, result in w.results] == [(0, True), (1, True)]
+    assert "c" not in reload(disk).sessions
+
+
 def test_a_fence_during_a_commit_that_holds_a_put_fires_in_submit_order(
         disk: MemoryDisk, reactor: FakeReactor) -> None:
     """Fenced while the commit that holds a put runs: the submit before it succeeds
@@ -790,9 +844,10 @@ def test_a_fence_during_a_commit_that_holds_a_put_fires_in_submit_order(
     applying.HANDLERS[PutRetained] = fencing
     w = Waiter()
     try:
-        w.watch(store.submit([PutRetained(msg("fence"))]), 0)
-        w.watch(store.submit([_online(1)]), 1)
-        w.watch(store.submit([PutSession("c", 1.0)]), 2)
+        with _parked(store):     # (the three in one group)
+            w.watch(store.submit([PutRetained(msg("fence"))]), 0)
+            w.watch(store.submit([_online(1)]), 1)
+            w.watch(store.submit([PutSession("c", 1.0)]), 2)
         w.wait(reactor)
     finally:
         applying.HANDLERS[PutRetained] = original
