@@ -80,9 +80,9 @@ class CommitBatcher:
         # Set when the process shuts down: nothing more is stored, so nothing more
         # may be acknowledged (the Deferreds handed out never fire).
         self.stopping = False
-        # >0 while a transaction's work runs (``core.transactions``): its ops are
-        # committed in one store transaction, so the router marks no put of it that
-        # the writer may hold over (``PutQueued.online``).
+        # >0 while a transaction's work runs (``core.transactions``): the router marks
+        # no put of it that the writer may hold over (``PutQueued.online``), so the
+        # transaction's answer never waits for a subscriber's acknowledgement.
         self.atomic = 0
         self._depth = 0
         self._ops: list[Op] = []

@@ -122,9 +122,9 @@ class PutQueued:
     id or retained message; not in a transaction, not gated): the writer may hold it
     over ``store.applying.HOLD_ROUNDS`` commits (``split_held``: its submit and
     every later one wait whole for a later commit), and what waits on its commit
-    (the publisher's PUBACK,
-    unless every delivery was acknowledged first) waits until it is written or its
-    delete cancels it.  Neither is part of the op's equality.
+    (the publisher's PUBACK, unless every delivery was acknowledged first) waits
+    until it is written or its delete cancels it.  Neither is part of the op's
+    equality.
     """
 
     client_id: str

@@ -301,8 +301,7 @@ def split_held(group: list[tuple[tuple[Op, ...], Any]], held: dict[int, list[Op]
     prefix of the submits (a ``kill -9`` between the two commits leaves no later op
     without an earlier one), and waiters fire in the order of their submits (an
     empty submit is a barrier for everything before it; a fence fails what is still
-    queued at once).  (Review h-rev-hold,
-    session 19.)"""
+    queued at once).  (Review h-rev-hold, session 19.)"""
     if not held:
         return group, []
     first = min(held)

@@ -451,8 +451,7 @@ class ZODBStore:
     def _commit(self, tm: Any, conn: Any, group: list[_Waiter]) -> None:
         started = time.monotonic()
         failure: Failure | None = None
-        # Held puts (not while closing, nor without a gather window): ``split_held``;
-        # the prefix written, its puts superseded only by what is written with them.
+        # (holds: not while closing, nor without a gather window; see ``split_held``)
         held: dict[int, list[Op]] | None = (
             {} if self._gather > 0 and not self._stopping else None)
         skip = superseded_puts(group, held)
@@ -461,14 +460,16 @@ class ZODBStore:
         if held:
             self._held += sum(map(len, held.values()))
             group, carried = split_held(group, held)
-            skip = superseded_puts(group)
+            if not group:   # (all of it held over: no commit, no wake-up, no counts)
+                self._carry(carried, None)
+                return
+            skip = superseded_puts(group)   # (only what is written with them)
         nops = sum(len(ops) for ops, _ in group)
         self._coalesced += len(skip)
         try:
             # (nothing left to write, and no leader epoch to check: no transaction)
             for attempt in (tm.attempts(self._commit_attempts)
-                            if len(skip) < nops or (group and self.epoch is not None)
-                            else ()):
+                            if len(skip) < nops or self.epoch is not None else ()):
                 with attempt:
                     if self.epoch is not None:
                         check(conn, self.epoch)
@@ -498,13 +499,12 @@ class ZODBStore:
         self._last_batch_ops = nops
         self._max_batch_seen = max(self._max_batch_seen, nops)
         if failure is None:
-            self._commits += 1 if group else 0
+            self._commits += 1
             self._ops += nops
         else:
             self._failed_commits += 1
             self._rounds = {}
-        if group:   # (all of it held over: nothing to hand over, no wake-up)
-            self._completions.add([(d, failure) for _, d in group])
+        self._completions.add([(d, failure) for _, d in group])
         if carried:   # (after those, in submit order; fence() fails what is queued at once)
             self._carry(carried, failure)
 

@@ -177,9 +177,11 @@ class Router(Subscriptions):
             self.retained_feed.keep(message, ops)
         other_ops = len(ops)
         # (the writer may hold the put of a QoS 1 entry sent at once over a commit or
-        # two, its submit and every later one waiting with it: not when the publish stores
-        # more than its deliveries (a will's delete, a QoS 2 packet id, a retained
-        # message), nor in a transaction (one store transaction), nor under a gate)
+        # two, its submit and every later one waiting with it: not when the publish
+        # stores more than its deliveries (a will's delete, a QoS 2 packet id, a
+        # retained message), nor in a transaction, whose answers need not wait for a
+        # subscriber; nor under a gate: sent only after the commit, no acknowledgement
+        # can cancel its put first)
         holdable = not other_ops and not hold and not commits.atomic
         held: list[tuple[Session, int]] = []
         qos1_entries: list[OutEntry] = []

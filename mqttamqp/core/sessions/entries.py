@@ -115,8 +115,8 @@ class OutEntry:
     def put_op(self, client_id: str, first: bool = False, online: bool = False
                ) -> PutQueued:
         """The store operation that records this entry for session ``client_id``
-        (``first``: the entry was just made, ``PutQueued.first``; ``online``: for an
-        online subscriber, ``PutQueued.online``)."""
+        (``first``: the entry was just made, ``PutQueued.first``; ``online``: and sent
+        at once to an online subscriber, ``PutQueued.online``)."""
         # (``stored`` inlined: one per QoS 1/2 delivery to a persistent session)
         message = self.message
         if message.retain != self.retain:
