@@ -657,27 +657,41 @@ def _online(seq: int) -> PutQueued:
 
 
 @contextmanager
+def _before_applying(kind: type, before: Any) -> Iterator[None]:
+    """While the block runs, the writer calls ``before(op)`` (which may raise or
+    wait) before it applies each op of type ``kind``."""
+    original = applying.HANDLERS[kind]
+
+    def handler(t: Any, op: Any) -> None:
+        before(op)
+        original(t, op)
+
+    applying.HANDLERS[kind] = handler
+    try:
+        yield
+    finally:
+        applying.HANDLERS[kind] = original
+
+
+@contextmanager
 def _parked(store: ZODBStore) -> Iterator[None]:
     """The writer busy in a commit of its own (a session "parker") until the block
     ends: what is submitted meanwhile waits, and the writer takes it as one group
     (whatever the threads' timing)."""
     entered, release = threading.Event(), threading.Event()
-    original = applying.HANDLERS[PutSession]
 
-    def park(t: Any, op: PutSession) -> None:
+    def park(op: PutSession) -> None:
         if op.client_id == "parker" and not release.is_set():
             entered.set()
             release.wait(TIMEOUT)
-        original(t, op)
 
-    applying.HANDLERS[PutSession] = park
-    try:
-        store.submit([PutSession("parker", 1.0)])
-        assert entered.wait(TIMEOUT)
-        yield
-    finally:
-        release.set()
-        applying.HANDLERS[PutSession] = original
+    with _before_applying(PutSession, park):
+        try:
+            store.submit([PutSession("parker", 1.0)])
+            assert entered.wait(TIMEOUT)
+            yield
+        finally:
+            release.set()
 
 
 def test_an_online_entry_is_held_over_a_commit_and_its_delete_cancels_it(
@@ -784,19 +798,14 @@ def test_a_failed_commit_after_a_held_put_stored_nothing_of_the_submits_it_fails
     with _parked(store):     # (the two in one group: the first holds a put)
         w.watch(store.submit([_online(1)]), 1)
         w.watch(store.submit([PutInboundQos2("p", 7), PutRetained(msg("q2"))]), 2)
-    original = applying.HANDLERS[PutRetained]
 
-    def failing(t: Any, op: PutRetained) -> None:
+    def failing(op: PutRetained) -> None:
         if op.message.topic == "boom":
             raise OSError(28, "No space left on device")
-        original(t, op)
 
-    applying.HANDLERS[PutRetained] = failing
-    try:
+    with _before_applying(PutRetained, failing):
         w.watch(store.submit([PutRetained(msg("boom")), PutRetained(msg("boom"))]), 3)
         w.wait(reactor)
-    finally:
-        applying.HANDLERS[PutRetained] = original
     store.close()
     snap = reload(disk)
     for tag, result in w.results:
@@ -810,20 +819,16 @@ def test_a_failed_commit_fails_the_submits_it_held_over(
     """The commit of the submits before a held put fails: the submit holding it (and
     every later one) fails with it, in order, and nothing of it is stored."""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
-    original = applying.HANDLERS[PutRetained]
 
-    def failing(t: Any, op: PutRetained) -> None:
+    def failing(op: PutRetained) -> None:
         raise OSError(28, "No space left on device")
 
-    applying.HANDLERS[PutRetained] = failing
     w = Waiter()
-    try:
+    with _before_applying(PutRetained, failing):
         with _parked(store):     # (the two in one group)
             w.watch(store.submit([PutRetained(msg("boom"))]), 0)
             w.watch(store.submit([_online(1)]), 1)
         w.wait(reactor)
-    finally:
-        applying.HANDLERS[PutRetained] = original
     store.close()
     assert [(tag, result is not None) for tag, result in w.results] == [(0, True), (1, True)]
     assert "c" not in reload(disk).sessions
@@ -834,23 +839,18 @@ def test_a_fence_during_a_commit_that_holds_a_put_fires_in_submit_order(
     """Fenced while the commit that holds a put runs: the submit before it succeeds
     first, then the held-over ones fail (not committed).  (Review h-rev-hold.)"""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=3)
-    original = applying.HANDLERS[PutRetained]
 
-    def fencing(t: Any, op: PutRetained) -> None:
+    def fencing(op: PutRetained) -> None:
         if op.message.topic == "fence":
             store.fence("another leader")
-        original(t, op)
 
-    applying.HANDLERS[PutRetained] = fencing
     w = Waiter()
-    try:
+    with _before_applying(PutRetained, fencing):
         with _parked(store):     # (the three in one group)
             w.watch(store.submit([PutRetained(msg("fence"))]), 0)
             w.watch(store.submit([_online(1)]), 1)
             w.watch(store.submit([PutSession("c", 1.0)]), 2)
         w.wait(reactor)
-    finally:
-        applying.HANDLERS[PutRetained] = original
     store.close()
     assert [(tag, result is None) for tag, result in w.results] == [
         (0, True), (1, False), (2, False)]
