@@ -235,6 +235,47 @@ def test_overview_counts_mqtt5_and_its_chart_reads_24h_utc(broker: Any, page: An
     assert not watch.errors, watch.errors
 
 
+# Counts the feed's events once their listeners have run: ``window.__feed[type]``.
+COUNT_FEED_EVENTS = """
+(() => {
+  const feed = window.__feed = {};
+  const add = EventSource.prototype.addEventListener;
+  EventSource.prototype.addEventListener = function (type, listener, ...rest) {
+    return add.call(this, type, function (ev) {
+      try { return listener.call(this, ev); }
+      finally { feed[type] = (feed[type] || 0) + 1; }
+    }, ...rest);
+  };
+})();
+"""
+
+
+def test_the_rate_chart_waits_for_its_time_axis(broker: Any, page: Any) -> None:
+    """The feed's events can run while timeaxis.js is still loading (deferred scripts
+    let other tasks run between them): the rate chart is not built before it, with
+    uPlot's own 12-hour labels in New York time, but once it is there.  CI saw it:
+    '11/30/26 4:14am' on the axis."""
+    page, watch, base = page
+    page.add_init_script(COUNT_FEED_EVENTS)
+    held: list[Any] = []
+    page.route("**/static/timeaxis.js", lambda route: held.append(route))
+    page.goto(base + "/", wait_until="commit")
+    # The feed's history and a stats event have been handled while the axis is held.
+    page.wait_for_function("() => window.__feed && window.__feed.stats >= 1",
+                           timeout=WAIT_MS)
+    assert [r.request.url for r in held] == [base + "/static/timeaxis.js"], held
+    assert page.evaluate("typeof uPlot") == "function"
+    held[0].continue_()
+    expect(page.locator("#rate-chart[data-drawn] canvas")).to_have_count(1, timeout=WAIT_MS)
+    page.wait_for_function(
+        """() => { const c = document.querySelector('#rate-chart canvas');
+                   return c && (window.__drawn[c.dataset.rec] || []).length > 0; }""",
+        timeout=WAIT_MS)
+    texts = [t["text"] for t in _x_axis_labels(page, "#rate-chart")]
+    assert texts and all(TIME.match(t) or DATE.match(t) for t in texts), texts
+    assert not watch.errors, watch.errors
+
+
 def _artifacts() -> str:
     from chromium import ARTIFACTS
     ARTIFACTS.mkdir(exist_ok=True)

@@ -147,14 +147,16 @@
   }
   function chartWidth() { return Math.max(320, canvas.clientWidth || 600); }
   function makeChart() {
-    // uPlot is loaded with defer after this file: build the chart once it is there.
-    if (!canvas || plot || typeof uPlot === "undefined") { return; }
+    // uPlot and its time axis (timeaxis.js) are loaded with defer after this file,
+    // and the feed's events can run between those two scripts: build the chart once
+    // both are there (DOMContentLoaded comes after both), never with uPlot's own axis.
+    if (!canvas || plot || typeof uPlot === "undefined" || !window.mqttamqpTime) { return; }
     var css = getComputedStyle(document.documentElement);
     var axis = {stroke: "#697386", grid: {stroke: "#e3e7ee", width: 1},
                 ticks: {stroke: "#e3e7ee", width: 1}, font: "11px system-ui, sans-serif"};
     plot = new uPlot({
       width: chartWidth(), height: 180, legend: {show: false}, cursor: {show: true},
-      tzDate: window.mqttamqpTime && window.mqttamqpTime.tzDate,
+      tzDate: window.mqttamqpTime.tzDate,
       // Always the last five minutes, so the time axis reads in minutes.
       scales: {x: {time: true, range: function (u, min, max) {
         var end = max || Date.now() / 1000;
@@ -163,7 +165,7 @@
         return [0, niceCeil(Math.max(1, max) * 1.05)];
       }}},
       // Time labels in UTC on a 24-hour clock (static/timeaxis.js).
-      axes: [window.mqttamqpTime ? window.mqttamqpTime.axis(axis) : axis,
+      axes: [window.mqttamqpTime.axis(axis),
              Object.assign({}, axis, {size: 56, values: function (u, ticks) {
         return ticks.map(rateLabel);
       }})],
