@@ -247,7 +247,7 @@ class Archive:
         self._inflight = 0               # records sent and not yet answered
         self._writer = WriterProcess(self._config)
         self._fault: str | None = None   # tests: the next append of this dataset fails
-        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
         self._batch_limit = max(_FRAME, buffer_limit)   # messages a step may take
         self._behind = False   # the last step took half the buffer or more
         self._taken = 0        # messages the last step took
@@ -373,7 +373,7 @@ class Archive:
     def start(self) -> None:
         """Remove what a crash left, then start the writer process and the thread
         that feeds it."""
-        if self._thread is not None:
+        if self._worker is not None:
             raise RuntimeError("archive: already started")
         check_writable(self.directory)
         for path in remove_leftovers(self.directory):
@@ -383,9 +383,9 @@ class Archive:
         except OSError as e:
             raise RuntimeError(f"archive: cannot start its writer process ({e}); "
                                "run with --no-archive") from None
-        self._thread = threading.Thread(target=self._run, name="mqttamqp-archive",
+        self._worker = threading.Thread(target=self._run, name="mqttamqp-archive",
                                         daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def close(self) -> Deferred[None]:
         """Stop taking records, write what is buffered, close the open segments, let
@@ -394,7 +394,7 @@ class Archive:
         reactor thread."""
         self._limit = self._rotate_at = 0
         self._events.close()
-        thread = self._thread
+        thread = self._worker
         if thread is None or not thread.is_alive():
             self._stopping = True
             return succeed(None)

@@ -10,8 +10,6 @@ cause, and the close.  The will fires later, in ``connectionLost``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_KEEPALIVE,
@@ -24,18 +22,19 @@ from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decisions import problem, violation_code
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack, Disconnect, Properties, ReasonCode
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 
 __all__ = ["Disconnects"]
 
 _CONNECTED = ConnectionState.CONNECTED
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class Disconnects(MQTTLink):
     """Protocol errors and broker-side closes, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     @property
     def _clean_close(self) -> bool:

@@ -25,7 +25,7 @@ into writes and closes; everything here is tested without either.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from enum import Enum
 from typing import Any, cast
 
@@ -40,6 +40,7 @@ from mqttamqp.mqtt.packets import (
     Suback,
     Unsuback,
 )
+from mqttamqp.native import mypyc_attr
 
 __all__ = [
     "ConnectionState", "ConnectionRules", "IllegalTransition", "Keepalive", "AckQueue",
@@ -79,10 +80,12 @@ _TRANSITIONS: dict[tuple[str, ConnectionState], ConnectionState] = {
 }
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class IllegalTransition(RuntimeError):
     """A transition the table does not allow: a bug in the caller, not the client."""
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class ConnectionRules:
     """The state of one MQTT connection and what the client may send in it."""
 
@@ -165,7 +168,9 @@ class Keepalive:
 # (bounded: MQTT's keepalive is a 16-bit number of seconds)
 _KEEPALIVES: dict[int, Keepalive] = {}
 
-_NO_ENTRIES = cast("list[list[Any]]", ())
+# (typed a ``MutableSequence``, not a ``list``: a build compiled with mypyc checks
+# that a value typed ``list`` is one; the tuple is not)
+_NO_ENTRIES = cast("MutableSequence[list[Any]]", ())
 
 
 class AckQueue:
@@ -190,7 +195,7 @@ class AckQueue:
         # ``take_flagged`` removes its run of ready entries in one slice anyway.
         # The shared empty tuple until the first entry (an empty list is 56 bytes,
         # and most connections never wait for a commit).
-        self._entries: list[list[Any]] = _NO_ENTRIES
+        self._entries: MutableSequence[list[Any]] = _NO_ENTRIES
         # Acknowledgements waiting (an entry may hold several); 0 exactly when
         # ``empty`` (read on the hot path instead of the properties).
         self.count = 0

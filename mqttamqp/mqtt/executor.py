@@ -31,7 +31,8 @@ through ``protocol``'s ``_write``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -51,6 +52,7 @@ from mqttamqp.mqtt.decisions import problem
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
 from mqttamqp.mqtt.v5 import CONNACK_REASONS
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 
 __all__ = ["Action", "ActionExecutor", "Durable"]
 
@@ -60,12 +62,12 @@ Action = Send | Ack | Close | Refuse | Arm | Goodbye
 Durable = Deferred[None] | CommitRound | None
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class ActionExecutor(MQTTLink):
     """Carries out the actions of ``decisions``, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     def _carry_out(self, action: Action, packet_id: int = 0) -> None:
         """Do ``action`` (an ``Ack`` here is sent at once, in order)."""
@@ -126,11 +128,13 @@ class ActionExecutor(MQTTLink):
     def _ack_releasing(self, durable: Durable, frame: bytes,
                        packet_id: int) -> None:
         """``_ack``, giving the quota of ``packet_id`` back once written.  (Its own
-        method: a closure in ``_acknowledge`` would make its cells on every call.)"""
+        method: a closure in ``_acknowledge`` would make its cells on every call.  A
+        ``partial``, not a lambda: mypyc fails on a lambda in a method of a class that
+        is not native.)"""
         v5 = self._v5
         assert v5 is not None
         release = v5.quota_release
-        self._ack(durable, frame, lambda: release(packet_id))
+        self._ack(durable, frame, partial(release, packet_id))
 
     def _ack(self, d: Durable, frame: bytes,
              after: Callable[[], None] | None = None, essential: bool = False) -> None:

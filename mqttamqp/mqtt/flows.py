@@ -14,7 +14,7 @@ or write.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import partial
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
@@ -36,6 +36,7 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 
 __all__ = ["ConnectedFlows"]
 
@@ -55,12 +56,12 @@ def _consumer(props: Properties | None) -> Consumer | None:
                     stream_offset=users.get("stream-offset") or None)
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class ConnectedFlows(ActionExecutor):
     """The packets of a connected client, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     # -- PUBLISH and its flows --------------------------------------------------------
 
@@ -226,8 +227,10 @@ class ConnectedFlows(ActionExecutor):
                                          for f, q in packet.topics]
                                         if self.bridge_peer else ())
             ack, grants = decisions.suback(packet, codes, self.version)
+        # (a ``partial``, not a lambda: mypyc fails on a lambda in a method of a class
+        # that is not native)
         self._acknowledge(ack, packet.packet_id, d,
-                          lambda: broker.send_retained(session, grants))
+                          partial(broker.send_retained, session, grants))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session

@@ -19,7 +19,6 @@ slots).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -41,6 +40,7 @@ from mqttamqp.mqtt.packets import (
     Properties,
 )
 from mqttamqp.mqtt.v5 import message_properties, negotiate
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 from mqttamqp.net.tcp import send
 from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import CONTINUE, AuthExchange, AuthStep
@@ -70,11 +70,11 @@ class AuthInProgress:
         self.final: bytes | None = None
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class ConnectHandshake(ActionExecutor):
     """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     @property
     def _auth(self) -> AuthInProgress | None:

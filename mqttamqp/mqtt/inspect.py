@@ -8,11 +8,12 @@ core's ``InspectableConnection`` questions.  Read-only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.mqtt.connection import ConnectionRules
 from mqttamqp.mqtt.link import MQTTLink
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 
 __all__ = ["ConnectionView"]
 
@@ -20,12 +21,12 @@ __all__ = ["ConnectionView"]
 _PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class ConnectionView(MQTTLink):
     """The connection as others see it, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     @property
     def connected(self) -> int:

@@ -18,7 +18,7 @@ rules' methods), not a second object holding one field.  Nothing here runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from twisted.logger import Logger
 
@@ -43,6 +43,7 @@ from mqttamqp.mqtt.decoders import SpareDecoders
 from mqttamqp.mqtt.opened import OpenConnections
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["CoreLink", "ListenerState", "MQTTLink"]
@@ -67,11 +68,11 @@ class ListenerState(Protocol):
     bridge_peers: set[Any]
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class MQTTLink(ConnectionRules):
     """The state and operations of one MQTT connection its parts share."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     log: ClassVar[Logger]
     transport: Any

@@ -94,6 +94,7 @@ from mqttamqp.mqtt.packets import (
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
@@ -108,6 +109,7 @@ _NO_PROPERTIES = b"\x00"
 
 
 @implementer(IPushProducer)
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
                    SlottedProtocol):
     log = Logger()

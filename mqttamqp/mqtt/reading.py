@@ -13,7 +13,7 @@ of a reactor turn (``Limits.mqtt_turn``) is used up while others wait
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
@@ -22,6 +22,7 @@ from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.parking import Parked
+from mqttamqp.native import NO_SLOTS, mypyc_attr
 from mqttamqp.net.tcp import others_waiting, plain_tcp
 
 __all__ = ["NOT_PAUSED", "SINGLE_PUBLISH", "InputPump"]
@@ -44,12 +45,12 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 SINGLE_PUBLISH: list[Any] = [None]
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class InputPump(MQTTLink):
     """The input pump and reading pauses, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
 
-    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
-        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+    __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     def _process_batch(self, now: float = 0.0, one_publish: bool = False) -> None:
         """``_process`` as one batch: what it causes is committed and written once.

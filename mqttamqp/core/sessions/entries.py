@@ -11,11 +11,12 @@ What it must not do: decide anything (``session.Session`` and its in-flight wind
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableSet
 from typing import Protocol, cast
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
+from mqttamqp.native import mypyc_attr
 
 __all__ = ["ClientLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share", "NO_OPS",
            "NEVER", "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT",
@@ -130,6 +131,7 @@ NO_OPS: list[Op] = []
 NO_SUBSCRIPTION_IDS: tuple[int, ...] = ()
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class EntryQueue(deque["OutEntry"]):
     """A session's queue once a message with an MQTT 5 message expiry was queued in
     it (AMQP 1.0 ``ttl`` and 0.9.1 ``expiration`` too), with the earliest moment one
@@ -147,6 +149,7 @@ class EntryQueue(deque["OutEntry"]):
         self.next_expiry = NEVER
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class NoEntries(tuple):  # type: ignore[type-arg]
     """Every session's queue until its first entry (an empty deque is 760 bytes, a
     session each; most sessions of idle clients never queue anything).  Reads
@@ -161,6 +164,7 @@ class NoEntries(tuple):  # type: ignore[type-arg]
         pass
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class NoIds(frozenset):  # type: ignore[type-arg]
     """An empty id set shared until the first id (an empty set is 216 bytes)."""
 
@@ -198,6 +202,8 @@ NEVER = float("inf")   # (``EntryQueue.next_expiry`` with nothing to expire)
 NO_OPTIONS: dict[str, int] = {}
 NO_EXPIRED: list[Op] = []
 NO_QUEUE = cast("deque[OutEntry]", NoEntries())
-NO_IDS = cast("set[int]", NoIds())
+# (``NO_IDS`` is typed a ``MutableSet``, not a ``set``: a build compiled with mypyc
+# checks that a value typed ``set`` is one; the frozenset is not)
+NO_IDS = cast("MutableSet[int]", NoIds())
 NO_INFLIGHT = cast("dict[int, OutEntry]", EmptyMap())
 NO_SUBSCRIPTIONS = cast("dict[str, int]", EmptyMap())

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from mqttamqp.native import mypyc_attr, trait
+
 __all__ = ["BacklogBound", "Extras", "SessionExtras"]
 
 
@@ -40,6 +42,8 @@ class Extras:
         self.backlog_bound: BacklogBound | None = None
 
 
+@trait
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SessionExtras:
     """``Session.dropped_congested``, ``dropped_rejected``, ``drop_offset``,
     ``expiry`` and ``backlog_bound``."""

@@ -19,7 +19,7 @@ publisher resends and the subscriber may see a (permitted) duplicate.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableSet
 from enum import Enum
 
 from mqttamqp.core.limits import Limits
@@ -50,6 +50,7 @@ from mqttamqp.core.sessions.entries import (
 from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
 from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
+from mqttamqp.native import mypyc_attr
 
 __all__ = ["BacklogBound", "Session", "SessionState", "SessionStateError",
            "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
@@ -93,10 +94,12 @@ _TRANSITIONS: dict[tuple[str, SessionState], SessionState] = {
 }
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Session(InflightWindow, SessionExtras):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
@@ -137,7 +140,7 @@ class Session(InflightWindow, SessionExtras):
         # packet id -> entry, in send order
         self.inflight: dict[int, OutEntry] = NO_INFLIGHT
         self.queue: deque[OutEntry] = NO_QUEUE
-        self.inbound_qos2: set[int] = NO_IDS
+        self.inbound_qos2: MutableSet[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
         # MQTT 5: the client's receive maximum (its session expiry interval:
@@ -149,7 +152,7 @@ class Session(InflightWindow, SessionExtras):
         self.queue_waiting = None   # (``InflightWindow.queue_waiting``)
         self._next_seq = 1
         self._next_pid = 1
-        self._pids: set[int] = NO_IDS
+        self._pids: MutableSet[int] = NO_IDS
 
     # -- lifecycle ------------------------------------------------------------------
 

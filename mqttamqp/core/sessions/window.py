@@ -15,7 +15,7 @@ What it must not do: talk to storage or sockets (the link sends).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableSet
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
@@ -28,6 +28,7 @@ from mqttamqp.core.sessions.entries import (
     DeliveryReceipt,
     OutEntry,
 )
+from mqttamqp.native import mypyc_attr
 
 __all__ = ["InflightWindow", "ack_problem"]
 
@@ -51,6 +52,7 @@ def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | No
     return None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class InflightWindow:
     # The window's state (``Session.__init__`` sets it).
     __slots__ = ("_next_pid", "_next_seq", "_pids", "delivered", "dropped", "inflight", "queue",
@@ -72,7 +74,7 @@ class InflightWindow:
     queue_waiting: Callable[[], None] | None
     dropped: int
     delivered: int
-    _pids: set[int]
+    _pids: MutableSet[int]
     _next_seq: int   # (the next entry's sequence number)
     _next_pid: int   # (where the search for a free packet id starts)
     # What it reads of the session's own.

@@ -524,7 +524,7 @@ def test_an_unusable_archive_directory_fails_at_start_with_one_clear_reason(
     archive = Archive(str(blocker / "archive"), Clock())
     with pytest.raises(RuntimeError, match=r"cannot write to .*--no-archive"):
         archive.start()
-    assert archive._thread is None
+    assert archive._worker is None
 
 
 def test_the_packages_lazy_names_are_the_schemas() -> None:

@@ -1,0 +1,40 @@
+"""mypyc's class marks, for a build that compiles the hot modules to C (issue 31's
+mypyc spike, bench/README.md "mypyc on the hot path").
+
+mypyc (``python -m mypyc``) makes a compiled module's classes native (C) classes:
+single inheritance (and traits) only, no builtin base but a few (``object``,
+``Exception``, ``ValueError``, ``dict`` ...), no interpreted subclass, no attribute
+set on an instance or a class at run time.  ``@mypyc_attr(native_class=False)`` keeps
+a class an ordinary Python class whose methods are still compiled (the mixins of
+``mqtt.protocol.MQTTProtocol``); ``allow_interpreted_subclasses=True`` lets
+uncompiled code (the tests, ``mqtt.debuglog``) subclass it; ``@trait`` marks a mixin
+of a native class (``sessions.extras.SessionExtras``).  mypyc knows them by their
+names in ``mypy_extensions``; in pure Python (no mypyc build, ``mypy_extensions``
+perhaps not installed) they do nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__all__ = ["NO_SLOTS", "mypyc_attr", "trait"]
+
+if TYPE_CHECKING:
+    from mypy_extensions import mypyc_attr, trait
+else:
+    try:
+        from mypy_extensions import mypyc_attr, trait
+    except ImportError:  # pragma: no cover - the pure-Python install
+
+        def mypyc_attr(*attrs, **kwattrs):
+            return lambda cls: cls
+
+        def trait(cls):
+            return cls
+
+
+# ``__slots__ = NO_SLOTS`` in a mixin of ``mqtt.protocol.MQTTProtocol``: no slots, as
+# ``()``, but a name mypy does not read (it would see no slot for what the connection
+# has), where ``if not TYPE_CHECKING: __slots__ = ()`` was: mypyc compiles no ``if``
+# in a class body.
+NO_SLOTS: tuple[str, ...] = ()
