@@ -32,9 +32,12 @@ class Deadlines:
     idle client, and a heap entry (a list of the due time, a sequence number and
     the item) 134.  Here an item waits in a wheel of one-second buckets (a pointer in
     the bucket's list), and its exact due time is its own: the float in the
-    attribute named ``slot`` (None: no deadline), which is also what tells a live
-    entry from one replaced (the bucket keeps those, inert, until its second comes
-    or there are too many of them; a cancelled one leaves its bucket at once).  The
+    attribute named ``slot`` (None: no deadline).  An entry whose due time is not
+    the item's any more was replaced (the bucket keeps those, inert, until its
+    second comes or there are too many of them; a cancelled one leaves its bucket at
+    once).  The due times are compared by value, not identity: an item given the
+    same time again has two entries, and the first to come fires it once (it then
+    has none), and a build compiled with mypyc keeps no float's identity.  The
     saving assumes busy seconds: a deadline alone in its second pays for a bucket
     (~157 bytes, more than the heap entry).  When a bucket's second comes
     its live items move to a small exact heap, which runs each at its due time:
@@ -72,7 +75,7 @@ class Deadlines:
             self._live += 1
         elif self._entries > 2 * self._live + 64:
             self._compact()
-        due = self._clock.seconds() + delay   # (a new float: the entry's identity)
+        due = self._clock.seconds() + delay
         setattr(item, slot, due)
         second = int(due)
         bucket = self._buckets.get(second) if second > self._opened else None
@@ -151,7 +154,7 @@ class Deadlines:
         the earliest bucket's second."""
         near = self._near
         slot = self._slot
-        while near and getattr(near[0][2], slot) is not near[0][0]:
+        while near and getattr(near[0][2], slot) != near[0][0]:
             heapq.heappop(near)   # (cancelled or replaced ones at the head)
             self._entries -= 1
         due: float | None = near[0][0] if near else None
@@ -190,27 +193,38 @@ class Deadlines:
 
     def _run(self) -> None:
         self._timer = None
+        try:
+            self._fire_due()
+        finally:
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """After a run: set the timer for the next deadline, unless what a run fired
+        set it.  (A method of its own: in ``_run`` mypy narrows ``_timer`` to None
+        from its assignment there, across the calls that set it, and a build
+        compiled with mypyc trusts that.)"""
+        if not self._live:
+            self._clear()
+        elif self._timer is None:
+            self._arm()
+
+    def _fire_due(self) -> None:
+        """Fire every item whose deadline has come."""
         now = self._clock.seconds()
         slot = self._slot
-        try:
-            self._open(now)
-            near = self._near
-            while near and near[0][0] <= now:
-                due, _, item = heapq.heappop(near)
-                self._entries -= 1
-                if getattr(item, slot) is not due:
-                    continue     # (cancelled, or replaced by a later deadline)
-                setattr(item, slot, None)
-                self._live -= 1
-                try:
-                    self._fire(item)
-                except Exception:   # one connection's failure must not stop the others
-                    _log.failure("keepalive check of {item!r} failed", item=item)
-        finally:
-            if not self._live:
-                self._clear()
-            elif self._timer is None:
-                self._arm()
+        self._open(now)
+        near = self._near
+        while near and near[0][0] <= now:
+            due, _, item = heapq.heappop(near)
+            self._entries -= 1
+            if getattr(item, slot) != due:
+                continue     # (cancelled, or replaced by another deadline)
+            setattr(item, slot, None)
+            self._live -= 1
+            try:
+                self._fire(item)
+            except Exception:   # one connection's failure must not stop the others
+                _log.failure("keepalive check of {item!r} failed", item=item)
 
 
 class SoonDeadlines:

@@ -186,6 +186,55 @@ def test_a_deadline_added_again_replaces_the_first() -> None:
     assert fired == [12.5, 12.75] and clock.getDelayedCalls() == []
 
 
+class Reboxing(Item):
+    """An item whose due time reads back as an equal float, not the same object, as
+    an attribute of a class compiled with mypyc does (it keeps the double, and makes
+    a new float at each read)."""
+
+    __slots__ = ("_due",)
+
+    def __init__(self, name: str) -> None:
+        self._due: float | None = None
+        super().__init__(name)
+
+    @property  # type: ignore[override]
+    def due(self) -> float | None:
+        return None if self._due is None else float(repr(self._due))
+
+    @due.setter
+    def due(self, value: float | None) -> None:
+        self._due = value
+
+
+def test_due_times_are_compared_by_value_not_identity() -> None:
+    """The wheel told a live entry from a replaced one by the identity of its float:
+    in a build compiled with mypyc (bench/mypyc_build.py), where no float keeps its
+    identity, no deadline ever fired.  Deadlines fire by value, once each."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import Deadlines
+
+    clock = Clock()
+    fired: list[tuple[str, float]] = []
+    deadlines = Deadlines(clock, lambda item: fired.append((item.name, clock.seconds())),
+                          "due")
+    a, b = Reboxing("a"), Reboxing("b")
+    assert a.due is None
+    deadlines.add(a, 5.0)
+    deadlines.add(b, 2.0)
+    deadlines.add(b, 7.0)      # (moved later: its entry at 2 is stale)
+    deadlines.add(a, 5.0)      # (the same time again: two entries, one deadline)
+    clock.advance(3.0)
+    assert fired == []
+    clock.advance(2.0)
+    assert fired == [("a", 5.0)]
+    clock.advance(2.0)
+    assert fired == [("a", 5.0), ("b", 7.0)]
+    assert len(deadlines) == 0
+    clock.advance(10.0)
+    assert fired == [("a", 5.0), ("b", 7.0)] and clock.getDelayedCalls() == []
+
+
 def test_a_cancelled_item_is_no_longer_held_by_the_wheel() -> None:
     """Review finding: cancel left a closed connection in its bucket until its second
     came (up to 1.5 × keepalive), so connection churn kept closed connections alive."""
