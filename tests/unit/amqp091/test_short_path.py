@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from compiled import not_compiled
 from pamqp import commands
 from test_amqp091_review import bodies, frames_of, opened
 
@@ -168,6 +169,7 @@ def test_a_requeued_delivery_comes_back_redelivered_and_its_ack_finishes_it(
     assert calls == {"send_credited": 4, "deliver": 0, "accept_many": 1, "settle": 1}
 
 
+@not_compiled
 def test_what_is_not_the_common_case_takes_the_generic_settle() -> None:
     """``accept_many`` given a delivery that is no durable queue's (a topic
     subscription's QoS 1 entry) or no longer in flight settles it as ``settle``

@@ -7,6 +7,7 @@ from typing import Any
 
 import fakes
 import pytest
+from compiled import not_compiled
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
@@ -477,6 +478,7 @@ def test_at_the_bound_an_entry_whose_delivery_started_is_not_purged() -> None:
     assert [type(op).__name__ for op in ops] == ["DeleteQueued", "PutQueued"]
 
 
+@not_compiled
 def test_the_bound_scans_for_expired_entries_only_once_the_earliest_expires(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A full queue holding a message that expires in a day drops what comes over
