@@ -192,8 +192,9 @@ class Decoder:
         """Bytes fed but not yet taken as packets."""
         return len(self._buf) - self._pos
 
-    def feed(self, data: bytes) -> None:
-        """Append received bytes; never decodes or raises."""
+    def feed(self, data: Buffer) -> None:
+        """Append received bytes (a ``bytearray`` too: a transport may hand one);
+        never decodes or raises."""
         if not data:
             return
         buf = self._buf

@@ -75,11 +75,12 @@ class Client:
 
 class Harness:
     def __init__(self, store: NullStore | None = None, *, recorder: Any = None,
-                 **limits: Any) -> None:
+                 authenticator: Any = None, **limits: Any) -> None:
         limits.setdefault("sys_interval", 0)
         self.clock = Clock()
         self.store = store if store is not None else NullStore()
         self.broker = Broker(self.clock, self.store, Limits(**limits), recorder=recorder,
+                             authenticator=authenticator,
                              guards=guards(self.clock.seconds, Limits(**limits)))
         self.factory = MQTTFactory(self.broker, self.clock)
 

@@ -420,13 +420,14 @@ def test_write_error_is_counted_and_the_writer_goes_on(tmp_path: Path, clock: Cl
 
 def test_a_batch_that_cannot_be_packed_is_counted_and_the_archive_goes_on(
         tmp_path: Path, clock: Clock) -> None:
-    """A value of the wrong type (a bug upstream) costs its batch, counted, not the
-    feeding thread: before, the thread died and every later record was dropped."""
+    """A value the columns cannot hold (a bug upstream: a count past the ``int64``
+    column) costs its batch, counted, not the feeding thread: before, the thread
+    died and every later record was dropped."""
     a = Archive(str(tmp_path), clock)
     a.start()
     publish(a, T0, topic="a")
     assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
-    publish(a, T0, topic="bad", deliveries=None)
+    publish(a, T0, topic="bad", deliveries=1 << 64)
     assert a.wait_until(lambda: a.stats()["errors"] == 1)
     publish(a, T0, topic="c")
     assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()

@@ -127,7 +127,7 @@ def test_a_bridge_gets_no_local_but_not_on_a_shared_subscription() -> None:
     h = Harness()
     c = h.client()
     c.send(Connect("MQTT", 4, "br", True, 0, bridge=True))
-    c.send(Subscribe(1, [("plant/#", 1), ("$share/g/plant/#", 1)]))
+    c.send(Subscribe(1, (("plant/#", 1), ("$share/g/plant/#", 1))))
     session = h.broker.sessions["br"]
     assert session.sub_options.get("plant/#", 0) & NO_LOCAL
     assert not session.sub_options.get("$share/g/plant/#", 0) & NO_LOCAL

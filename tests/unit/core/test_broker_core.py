@@ -7,6 +7,7 @@ from typing import Any
 
 import fakes
 import pytest
+from compiled import logged_failures
 from core_broker import FakeLink, connect, make_broker, pub, subscribe, will
 from fakes import ManualStore, MemoryStore, NullStore, SnapshotStore
 from twisted.internet.task import Clock
@@ -706,7 +707,8 @@ def test_qos1_publish_queued_behind_the_window_completes_when_acknowledged() -> 
     assert d2.called and store.pending     # (nothing committed yet)
 
 
-def test_batched_qos1_publish_completes_early_and_the_commit_does_not_fire_it_again() -> None:
+def test_batched_qos1_publish_completes_early_and_the_commit_does_not_fire_it_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside a batch (one socket read) the same early completion holds; the commit
     that follows neither fires it twice nor fails; a failing commit after it is
     logged, not raised."""
@@ -724,8 +726,7 @@ def test_batched_qos1_publish_completes_early_and_the_commit_does_not_fire_it_ag
     assert d1.called and not d2.called
     store.commit_all()        # the commit fires d2, leaves d1 alone (no AlreadyCalled)
     assert d2.called
-    logged: list[str] = []
-    broker._commits.log_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
+    logged = logged_failures(monkeypatch)
     broker.begin_batch()
     d3 = pub(broker, "a", b"m3", qos=1)
     broker.end_batch()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from compiled import logged_failures
 from core_broker import make_broker
 from fakes import ManualStore
 from queue_facade import warm_member
@@ -28,12 +30,6 @@ class _Outcomes:
 
     def __call__(self, outcome: Failure | None, arg: Any) -> None:
         self.seen.append(("ok" if outcome is None else outcome.getErrorMessage(), arg))
-
-
-def _quiet(commits: CommitBatcher) -> list[str]:
-    logged: list[str] = []
-    commits.log_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
-    return logged
 
 
 def test_a_round_is_the_batch_commit_and_fires_only_with_it() -> None:
@@ -58,12 +54,13 @@ def test_a_round_is_the_batch_commit_and_fires_only_with_it() -> None:
     assert seen.seen[-1] == ("ok", 3)
 
 
-def test_two_publishes_in_a_failed_commit_both_fail_whatever_the_first_callback_does() -> None:
+def test_two_publishes_in_a_failed_commit_both_fail_whatever_the_first_callback_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Two submissions in one batch, the commit fails: neither callback sees success,
     though the first swallows the failure and raises."""
     store = ManualStore()
     commits = CommitBatcher(store)
-    logged = _quiet(commits)
+    logged = logged_failures(monkeypatch)
     seen = _Outcomes()
 
     def swallow_and_raise(outcome: Failure | None, arg: Any) -> None:
@@ -83,12 +80,13 @@ def test_two_publishes_in_a_failed_commit_both_fail_whatever_the_first_callback_
     assert "completing a commit's round" in logged
 
 
-def test_a_later_round_succeeding_says_nothing_of_an_earlier_failed_one() -> None:
+def test_a_later_round_succeeding_says_nothing_of_an_earlier_failed_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Each batch has its own round: the next batch's commit succeeding does not
     complete the round of a batch whose commit fails after it."""
     store = ManualStore()
     commits = CommitBatcher(store)
-    _quiet(commits)
+    logged_failures(monkeypatch)
     rounds: list[CommitRound] = []
     seen = _Outcomes()
     for name in ("a", "b"):
@@ -125,7 +123,8 @@ def test_no_round_outside_a_batch_and_none_completes_while_stopping() -> None:
     commits.end()
 
 
-def test_queue_appends_in_a_failed_round_are_never_marked_durable() -> None:
+def test_queue_appends_in_a_failed_round_are_never_marked_durable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Two confirmed publishes to one queue in one batch, the commit fails: the
     queue's durable watermark stays, both bodies stay in memory for good, and the
     publishers' rounds report the failure."""
@@ -136,7 +135,7 @@ def test_queue_appends_in_a_failed_round_are_never_marked_durable() -> None:
     store.commit_all()
     queue = queues.queues["q"]
     commits = queues.commits
-    _quiet(commits)
+    logged_failures(monkeypatch)
     seen = _Outcomes()
     commits.begin()
     for n in (1, 2):
@@ -191,7 +190,8 @@ def _two_in_round(broker: Any, link: Any) -> tuple[CommitRound, list[Message]]:
     return r, delivered
 
 
-def test_answers_come_early_once_every_submission_is_released() -> None:
+def test_answers_come_early_once_every_submission_is_released(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Answers (confirms) may precede the commit once the batch is submitted and
     every submission released (each append consumed); ``when_done`` still waits for
     the commit, and a failure after the early answer reaches it and is logged."""
@@ -200,7 +200,7 @@ def test_answers_come_early_once_every_submission_is_released() -> None:
     store = ManualStore()
     broker, worker, link = warm_member(store)
     commits = broker.queues.commits
-    logged = _quiet(commits)
+    logged = logged_failures(monkeypatch)
     answers, done = _Outcomes(), _Outcomes()
     commits.begin()
     r, delivered = _two_in_round(broker, link)
@@ -219,7 +219,8 @@ def test_answers_come_early_once_every_submission_is_released() -> None:
     assert "storing messages that were already acknowledged" in logged
 
 
-def test_no_early_answer_while_one_submission_is_held() -> None:
+def test_no_early_answer_while_one_submission_is_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """One submission not released (a message no consumer finished): the answer
     waits for the commit, and a failed commit fails it."""
     from queue_facade import ack
@@ -227,7 +228,7 @@ def test_no_early_answer_while_one_submission_is_held() -> None:
     store = ManualStore()
     broker, worker, link = warm_member(store)
     commits = broker.queues.commits
-    _quiet(commits)
+    logged_failures(monkeypatch)
     answers = _Outcomes()
     commits.begin()
     r, delivered = _two_in_round(broker, link)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from compiled import logged_failures
 from fakes import ManualStore
 from twisted.python.failure import Failure
 
@@ -88,12 +90,13 @@ def test_the_commit_succeeds_every_callback_once() -> None:
     assert seen.seen[-1] == ("ok", 3)
 
 
-def test_a_failed_commit_fails_every_callback_whatever_the_first_returns() -> None:
+def test_a_failed_commit_fails_every_callback_whatever_the_first_returns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The first callback swallowing the failure (returning None) or raising does not
     turn the failure into success for the next ones."""
     store = ManualStore()
     commits = CommitBatcher(store)
-    commits.log_failure = lambda failure, what: None  # type: ignore[method-assign]
+    logged_failures(monkeypatch)
     waiter = _batch(commits, _entry(1), _entry(2))
     seen = _Outcomes()
 
@@ -151,13 +154,13 @@ def test_acknowledged_inside_the_batch_waits_for_its_end() -> None:
     assert waiter.answered
 
 
-def test_a_failure_after_an_early_success_is_logged() -> None:
+def test_a_failure_after_an_early_success_is_logged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit failing after every delivery was acknowledged is logged, and no
     callback is called again."""
     store = ManualStore()
     commits = CommitBatcher(store)
-    logged: list[str] = []
-    commits.log_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
+    logged = logged_failures(monkeypatch)
     entry = _entry(1)
     waiter = _batch(commits, entry)
     seen = _Outcomes()

@@ -18,6 +18,7 @@ from mqttamqp.core.persistence import (
     QueuedState,
     StoredQueued,
 )
+from mqttamqp.core.sessions.entries import NEVER, EntryQueue
 from mqttamqp.core.sessions.session import Session, SessionState
 
 
@@ -482,17 +483,19 @@ def test_the_bound_scans_for_expired_entries_only_once_the_earliest_expires(
     """A full queue holding a message that expires in a day drops what comes over
     its bound without scanning the queue for expired entries each time; once that
     message's expiry has passed, the next one over the bound purges it; a session
-    never sent a message with an expiry keeps a plain deque (the fast one)."""
-    scans: list[float] = []
-    from mqttamqp.core.sessions import session as module
+    never sent a message with an expiry keeps a plain deque (the fast one).  (A
+    scan, ``purge_expired``, is told by what it writes each time: the queue's
+    ``next_expiry``, recorded on ``EntryQueue``, not a native class; compiled
+    callers call ``purge_expired`` past a patched module name.)"""
+    writes: list[float] = []
+    slot = EntryQueue.__dict__["next_expiry"]
 
-    purge = module.purge_expired
+    def set_expiry(queue: EntryQueue, value: float) -> None:
+        writes.append(value)
+        slot.__set__(queue, value)
 
-    def counted(self: Session, now: float, size: int) -> bool:
-        scans.append(now)
-        return purge(self, now, size)
-
-    monkeypatch.setattr(module, "purge_expired", counted)
+    monkeypatch.setattr(EntryQueue, "next_expiry",
+                        property(lambda queue: slot.__get__(queue, EntryQueue), set_expiry))
     session = Session("c", False, Limits(max_queued_messages=2))
     session.enqueue(Message("plain", b"x", 1, False, "pub", 0.0), 1, False)
     assert type(session.queue) is deque
@@ -500,9 +503,10 @@ def test_the_bound_scans_for_expired_entries_only_once_the_earliest_expires(
                             props=MessageProperties(expiry_interval=86_400)), 1, False)
     for t in range(1, 101):
         session.enqueue(Message("over", b"x", 1, False, "pub", float(t)), 1, False)
-    assert scans == [] and session.dropped == 100
+    assert type(session.queue) is EntryQueue
+    assert writes == [NEVER, 86_400.0] and session.dropped == 100   # (made, the day's)
     session.enqueue(Message("over", b"x", 1, False, "pub", 86_400.0), 1, False)
-    assert scans == [86_400.0]
+    assert writes == [NEVER, 86_400.0, NEVER]                        # (one scan)
     assert [e.message.topic for e in session.queue] == ["plain", "over"]
 
 

@@ -12,6 +12,7 @@ import pytest
 from fakes import timers_left
 from mqtt_memory import Client5, Harness, client5, closed_with, connected
 
+from mqttamqp.core.auth import Credentials
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -78,10 +79,14 @@ def test_unknown_authentication_method_is_refused_0x8c() -> None:
     assert not c.open
 
 
+class _Refuses:
+    def authenticate(self, credentials: Credentials) -> bool:
+        return False
+
+
 def test_bad_credentials_get_reason_code_0x86() -> None:
     """A 3.1.1 refusal reaches an MQTT 5 client as its reason code."""
-    h = Harness()
-    h.broker.gate.authenticate_now = lambda creds: False  # type: ignore[method-assign]
+    h = Harness(authenticator=_Refuses())
     c = client5(h)
     c.send(Connect("MQTT", 5, "c", True, 0, None, "user", b"wrong"))
     got = c.received()

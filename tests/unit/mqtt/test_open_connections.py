@@ -168,7 +168,7 @@ def test_the_bridge_flag_is_kept_by_the_factory_while_connected() -> None:
     assert bridge.received() == [ACCEPTED]
     assert plain.connect("plain") == [ACCEPTED]
     assert bridge.proto.bridge_peer and not plain.proto.bridge_peer
-    bridge.send(Subscribe(1, [("t", 1)]))
+    bridge.send(Subscribe(1, (("t", 1),)))
     bridge.send(Publish("t", b"own", 0))
     plain.send(Publish("t", b"other", 0))
     got = bridge.received()

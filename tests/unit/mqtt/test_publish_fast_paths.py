@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compiled import not_compiled
 from mqtt_memory import Harness
 
 from mqttamqp.mqtt import codec, protocol
@@ -53,6 +54,7 @@ def test_a_qos0_publish_goes_out_as_it_came_or_encoded() -> None:
     assert five.received() == [Publish("t/b", b"1234")] * 4
 
 
+@not_compiled
 def test_plain_frame_not_encoded_others_are(monkeypatch: Any) -> None:
     """The frame as it came is what goes out (``encode_publish`` is not called for
     it); a longer length form is encoded, once for both subscribers."""
