@@ -10,7 +10,6 @@ import pytest
 from twisted.python.failure import Failure
 
 import mqttamqp.mqtt.protocol
-from mqttamqp.core.auth import AllowAll, Credentials, Identity
 from mqttamqp.core.commits import CommitBatcher
 
 # True when the hot modules are the compiled ones (a ``.so`` beside each ``.py``).
@@ -32,30 +31,3 @@ def logged_failures(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(CommitBatcher, "log_failure", log_failure)
     return logged
-
-
-class AllowsAll:
-    """``AllowAll``'s verdicts in an interpreted class: the base of a test's
-    authorizer that overrides one, where ``AllowAll`` cannot be one (a compiled native
-    class has no interpreted subclasses)."""
-
-    def authenticate(self, credentials: Credentials) -> bool:
-        return True
-
-    def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
-        return True
-
-    def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
-        return True
-
-    def may_use_session(self, identity: Identity, client_id: str) -> bool:
-        return True
-
-    def may_use_resource(self, identity: Identity, kind: str, access: str,
-                         name: str) -> bool:
-        return True
-
-
-# The base for a test's authorizer that overrides a verdict: ``AllowAll`` itself
-# where it can be subclassed (pure Python), else its interpreted stand-in.
-ALLOW_ALL_BASE: type = AllowsAll if COMPILED else AllowAll

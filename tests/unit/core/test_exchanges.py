@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiled import ALLOW_ALL_BASE
 from exchange_facade import code_of, consume, declared, depth, message
 from fakes import ManualMemoryStore
 from queue_facade import client, got, make, send
 
-from mqttamqp.core.auth import Identity
+from mqttamqp.core.auth import AllowAll, Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.message import Message
 
@@ -279,7 +278,7 @@ def test_amq_topic_publish_denied_is_403_and_dollar_topics_stay_out() -> None:
     """A 0.9.1 publish the ACL denies is 403; keys that map to $ topics never reach
     the MQTT topic space."""
 
-    class NoWrites(ALLOW_ALL_BASE):  # type: ignore[misc,valid-type]
+    class NoWrites(AllowAll):
         def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
             return False
 
@@ -305,7 +304,7 @@ def test_amq_topic_keys_that_are_no_topic_are_checked_too() -> None:
 
     from mqttamqp.core.limits import Limits
 
-    class OnlyPlant(ALLOW_ALL_BASE):  # type: ignore[misc,valid-type]
+    class OnlyPlant(AllowAll):
         def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
             return topic == "plant/ok"
 
@@ -586,7 +585,7 @@ def test_a_refused_amq_topic_publish_counts_for_no_protocol() -> None:
 
     from mqttamqp.core.limits import Limits
 
-    class NoWrites(ALLOW_ALL_BASE):  # type: ignore[misc,valid-type]
+    class NoWrites(AllowAll):
         def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
             return False
 
