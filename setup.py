@@ -4,11 +4,13 @@ asked, the broker's hot modules compiled to C by mypyc (``MQTTAMQP_COMPILE=1``).
 Without it (the default) the package is pure Python.  With it, the modules in
 ``COMPILED`` are built as C extensions beside their ``.py`` files, one group in
 mypyc's ``separate`` mode with its shared library ``mqttamqp_hot__mypyc``; the build
-needs mypy (which carries mypyc) in the build environment, a C compiler and the
-Python headers (Debian: ``python3-dev gcc``), so it is done without build isolation:
+needs mypy (which carries mypyc), the package's dependencies (mypyc type-checks
+against them) and setuptools 77 or later (a new venv has an older one) in the build
+environment, a C compiler and the Python headers (Debian: ``python3-dev gcc``), so it
+is done without build isolation, as README's "A faster build" says:
 
-    .venv/bin/pip install mypy setuptools wheel
-    MQTTAMQP_COMPILE=1 .venv/bin/pip install --no-build-isolation .
+    .venv/bin/pip install . mypy 'setuptools>=77'
+    MQTTAMQP_COMPILE=1 .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall .
 
 ``bench/mypyc_build.py TREE`` builds the same modules in place in a checkout, and
 ``.ci/compiled`` runs the unit tests against them (docs/performance.md, "The compiled
@@ -46,8 +48,9 @@ def ext_modules() -> list[object]:
         from mypyc.build import mypycify
     except ImportError:
         raise SystemExit("MQTTAMQP_COMPILE=1 needs mypy (mypyc) in the build environment: "
-                         "pip install mypy setuptools wheel, then pip install "
-                         "--no-build-isolation .") from None
+                         "pip install . mypy 'setuptools>=77', then MQTTAMQP_COMPILE=1 "
+                         "pip install --no-build-isolation --no-deps --force-reinstall .  "
+                         "(README.md, 'A faster build')") from None
     files = [os.path.join("mqttamqp", name) for name in COMPILED]
     # (its own mypy cache: a checkout's .mypy_cache, written by another environment's
     # mypy, made mypyc miss installed packages)

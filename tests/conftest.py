@@ -63,6 +63,17 @@ def client_id(request: pytest.FixtureRequest) -> str:
 _TIER_MARKS = {"integration": ("integration",), "browser": ("browser", "integration")}
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which build the tests import: a compiled module left in a checkout
+    (``bench/mypyc_build.py``; ``.gitignore`` hides it) wins over its ``.py``."""
+    from compiled import COMPILED
+
+    import mqttamqp
+
+    return (f"mqttamqp: {os.path.dirname(mqttamqp.__file__)}, "
+            + ("COMPILED hot modules (mypyc)" if COMPILED else "pure Python"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test by the tier folder it is in (``tests/<tier>/...``)."""
     for item in items:

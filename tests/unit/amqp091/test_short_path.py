@@ -187,9 +187,13 @@ def test_what_is_not_the_common_case_takes_the_generic_settle() -> None:
     quiet: list[Any] = []
     accepted_quietly = broker.queues.accepted_quietly
     broker.queues.accepted_quietly = lambda r: (quiet.append(r), accepted_quietly(r))[1]
+    acked: list[Any] = []
+    transport_ack = broker.queues.transport_ack
+    broker.queues.transport_ack = lambda r: (acked.append(r), transport_ack(r))[1]
     broker.settlement.accept_many([(session, queued[0]), (session, entry.packet_id),
                                    (session, 60000)])
     assert quiet == [receipt]   # (the common case: the other two took ``settle``)
+    assert acked == []          # (not through settle's transport ack)
     assert not session.inflight
     assert _group(broker).acked == 1
     assert not broker.queues._unsaved   # (its done record stored by the batch's end)
