@@ -153,9 +153,9 @@ class CommitBatcher:
     def persist_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
         """Inside a batch: submit ``ops`` with it and return its ``CommitRound``
         (counted once more), no Deferred of the caller's own.  The caller counts
-        in ``outstanding`` what it will ``release`` itself (a queue's early-answer
-        entry, or a hold only the commit ends).  Outside a batch, or while
-        stopping: None, nothing submitted (use ``persist``)."""
+        in ``outstanding`` what it will release itself by calling the round (a
+        queue's early-answer entry, or a hold only the commit ends).  Outside a
+        batch, or while stopping: None, nothing submitted (use ``persist``)."""
         if not self._depth or self.stopping:
             return None
         self._ops.extend(ops)
@@ -319,7 +319,7 @@ class CommitRound:
     ``outstanding``: what may answer before the commit, not finished yet: the
     deliveries (``OutEntry``, through ``hold``: each calls the round, its
     ``on_done``, when the client acknowledges it) and the queue appends (each
-    ``release``d when every consumer finished its message).
+    released, the round called, when every consumer finished its message).
 
     Two kinds of callbacks, each called once with an outcome (None, or the
     commit's Failure) and its own argument, at once if that outcome is known;
@@ -370,17 +370,9 @@ class CommitRound:
         else:
             self._answers.append((callback, arg))
 
-    def release(self) -> None:
-        """One delivery or submission needs the commit no more (acknowledged,
-        consumed)."""
-        self.outstanding -= 1
-        if not self.outstanding and self._sealed and not self.answered:
-            self._answer(None)
-
     def __call__(self) -> None:
-        """``release``, as an ``OutEntry.on_done``.  (Its lines, not ``__call__ =
-        release``: no extra call in pure Python, and mypyc compiles no method alias
-        in a class body.)"""
+        """One delivery or submission needs the commit no more (acknowledged,
+        consumed): the round is an ``OutEntry.on_done``, called as it is."""
         self.outstanding -= 1
         if not self.outstanding and self._sealed and not self.answered:
             self._answer(None)

@@ -241,7 +241,7 @@ class QueueLogs(AppendAccounting):
         early, self._early = self._early, []
         for waiter in early:      # (consumed before stored: see ``publish``)
             if isinstance(waiter, CommitRound):
-                waiter.release()
+                waiter()   # (its release)
             elif not waiter.called:
                 waiter.callback(None)
 
