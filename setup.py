@@ -1,19 +1,22 @@
 """The package's build: pyproject.toml has its metadata; this file only adds, when
-asked, the broker's hot modules compiled to C by mypyc (``MQTTAMQP_COMPILE=1``).
+asked, the broker's hot modules compiled to C by mypyc (``MQTTAMQP_COMPILE``).
 
-Without it (the default) the package is pure Python.  With it, the modules in
-``COMPILED`` are built as C extensions beside their ``.py`` files, one group in
-mypyc's ``separate`` mode with its shared library ``mqttamqp_hot__mypyc``; the build
-needs mypy (which carries mypyc), the package's dependencies (mypyc type-checks
-against them) and setuptools 77 or later (a new venv has an older one) in the build
-environment, a C compiler and the Python headers (Debian: ``python3-dev gcc``), so it
-is done without build isolation, as README's "A faster build" says:
+``MQTTAMQP_COMPILE`` unset or ``0``: pure Python.  ``1``: the modules in ``COMPILED``
+are built as C extensions beside their ``.py`` files, one group in mypyc's ``separate``
+mode with its shared library ``mqttamqp_hot__mypyc``, and any failure stops the build.
+``auto`` (README's start command): the same, but if the build environment cannot
+compile them (no mypy, a type error mypyc reports, a compiler that fails) the package
+is built pure Python, with one line saying why.  The compiled build needs mypy (which
+carries mypyc), the package's dependencies (mypyc type-checks against them) and
+setuptools 77 or later (a new venv has an older one) in the build environment, a C
+compiler and the Python headers (Debian: ``python3-dev gcc``), so it is done without
+build isolation, as README says:
 
     .venv/bin/pip install . mypy 'setuptools>=77'
-    MQTTAMQP_COMPILE=1 .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall .
+    MQTTAMQP_COMPILE=auto .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall .
 
 ``bench/mypyc_build.py TREE`` builds the same modules in place in a checkout, and
-``.ci/compiled`` runs the unit tests against them (docs/performance.md, "The compiled
+``.ci/test`` runs the test suite against them (docs/performance.md, "The compiled
 build").  Why these modules, what did not compile and why: bench/README.md, "mypyc on
 the hot path".
 """
@@ -21,8 +24,10 @@ the hot path".
 from __future__ import annotations
 
 import os
+import sys
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 # The delivery and connect paths (profiles of bench/deliver_inproc.py q1p/q1/fanin/
 # fan311 and bench/connect_inproc.py).  Not here: mqtt/handshake.py and
@@ -41,22 +46,67 @@ archive/eventbuffer.py
 """.split()
 
 
+MODE = os.environ.get("MQTTAMQP_COMPILE", "0")
+HOW = ("pip install . mypy 'setuptools>=77', then MQTTAMQP_COMPILE=1 pip install "
+       "--no-build-isolation --no-deps --force-reinstall .  (README.md, 'A faster build')")
+
+
+def pure(why: str) -> list[object]:
+    """``auto``'s fallback: one line on standard error, and no extension."""
+    sys.stderr.write(f"mqttamqp: building pure Python, not compiled: {why}\n")
+    return []
+
+
 def ext_modules() -> list[object]:
-    if os.environ.get("MQTTAMQP_COMPILE", "") != "1":
+    if MODE not in ("0", "1", "auto"):
+        raise SystemExit(f"MQTTAMQP_COMPILE={MODE!r}: give 0 (pure Python, the default), "
+                         "1 (compiled, or fail) or auto (compiled where it can be)")
+    if MODE == "0":
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
-        raise SystemExit("MQTTAMQP_COMPILE=1 needs mypy (mypyc) in the build environment: "
-                         "pip install . mypy 'setuptools>=77', then MQTTAMQP_COMPILE=1 "
-                         "pip install --no-build-isolation --no-deps --force-reinstall .  "
-                         "(README.md, 'A faster build')") from None
+        if MODE == "auto":
+            return pure("mypy (mypyc) is not in the build environment")
+        raise SystemExit(f"MQTTAMQP_COMPILE=1 needs mypy (mypyc) in the build environment: {HOW}"
+                         ) from None
     files = [os.path.join("mqttamqp", name) for name in COMPILED]
-    # (its own mypy cache: a checkout's .mypy_cache, written by another environment's
-    # mypy, made mypyc miss installed packages)
-    return list(mypycify([f"--cache-dir={os.path.join('build', 'mypyc-cache')}", *files],
-                         opt_level="3", debug_level="1",
-                         separate=[(files, "mqttamqp_hot")]))
+    try:
+        # (its own mypy cache: a checkout's .mypy_cache, written by another
+        # environment's mypy, made mypyc miss installed packages)
+        return list(mypycify([f"--cache-dir={os.path.join('build', 'mypyc-cache')}", *files],
+                             opt_level="3", debug_level="1",
+                             separate=[(files, "mqttamqp_hot")]))
+    except (Exception, SystemExit) as failure:   # mypyc exits on a type error
+        if MODE == "auto":
+            return pure(f"mypyc failed ({failure!r}; its messages are above)")
+        raise
 
 
-setup(ext_modules=ext_modules())
+class BuildExt(build_ext):
+    """``auto``: a compiler failure leaves the package pure Python.  All or none: the
+    compiled modules import the shared library, so what was built is removed."""
+
+    def run(self) -> None:
+        if MODE != "auto":
+            super().run()
+            return
+        try:
+            super().run()
+        except Exception as failure:   # CompileError, LinkError, a missing compiler
+            for path in [*self.get_outputs(), *self._inplace_outputs()]:
+                if os.path.exists(path):
+                    os.remove(path)
+            self.extensions = []
+            reason = str(failure)
+            pure("the C compiler failed: "
+                 + (reason if len(reason) <= 160 else reason[:160] + "..."))
+
+    def _inplace_outputs(self) -> list[str]:
+        build_py = self.get_finalized_command("build_py")
+        return [os.path.join(build_py.get_package_dir(".".join(ext.name.split(".")[:-1])),
+                             os.path.basename(self.get_ext_filename(ext.name)))
+                for ext in self.extensions]
+
+
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

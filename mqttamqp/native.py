@@ -15,9 +15,10 @@ perhaps not installed) they do nothing.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
-__all__ = ["NO_SLOTS", "mypyc_attr", "trait"]
+__all__ = ["NO_SLOTS", "build", "mypyc_attr", "trait"]
 
 if TYPE_CHECKING:
     from mypy_extensions import mypyc_attr, trait
@@ -38,3 +39,13 @@ else:
 # has), where ``if not TYPE_CHECKING: __slots__ = ()`` was: mypyc compiles no ``if``
 # in a class body.
 NO_SLOTS: tuple[str, ...] = ()
+
+
+def build() -> str:
+    """Which build this install runs: ``"compiled"`` when its hot modules are the C
+    extensions mypyc built (setup.py's ``MQTTAMQP_COMPILE``; a ``.so`` beside each
+    ``.py`` wins the import), else ``"pure Python"``.  The start-up log line names it,
+    and the tests' header."""
+    spec = importlib.util.find_spec("mqttamqp.mqtt.protocol")
+    origin = None if spec is None else spec.origin
+    return "pure Python" if origin is None or origin.endswith(".py") else "compiled"

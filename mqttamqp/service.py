@@ -25,13 +25,14 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp import logbridge
+from mqttamqp import __version__, logbridge
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.datadir import OpenAtStart, lock_holder
 from mqttamqp.listeners import ListenerService
 from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.native import build
 from mqttamqp.net.accept import AcceptRefusals
 from mqttamqp.net.dispatch import lean_dispatch
 from mqttamqp.net.tls import TLSSettings
@@ -186,8 +187,7 @@ class BrokerService(service.MultiService):
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
         access = {"web": "users", "metrics": "open"}.get(kind) or self._access()
         svc = ListenerService(kind, description, factory, self.reactor, access)
-        svc.tls = self.tls
-        svc.refusals = self.refusals
+        svc.tls, svc.refusals = self.tls, self.refusals
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
@@ -384,8 +384,8 @@ class BrokerService(service.MultiService):
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-        self.log.info("data directory {d}, storage {s}", d=self.data_dir,
-                      s=self.store.describe())
+        self.log.info("mqttamqp {v} ({b}): data directory {d}, storage {s}", v=__version__,
+                      b=build(), d=self.data_dir, s=self.store.describe())
         if self.store.opened is not None and not self.store.opened.engine.durable:
             self.log.warn("storage {s} keeps nothing across a restart (tests only)",
                           s=self.store.describe())

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from twisted.python.failure import Failure
 
-import mqttamqp.mqtt.protocol
 from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.native import build
 
 # True when the hot modules are the compiled ones (a ``.so`` beside each ``.py``).
-COMPILED = not mqttamqp.mqtt.protocol.__file__.endswith(".py")
+COMPILED = build() == "compiled"
 
 # For what a test cannot observe in the compiled build (say why at each use).
 not_compiled = pytest.mark.skipif(COMPILED, reason="observes a call inside compiled code")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import TWISTD, BrokerProcess, assert_refused_before_start
+from compiled import COMPILED
 
 from mqttamqp import __version__
 
@@ -168,6 +169,15 @@ def test_version_prints_mqttamqps_version() -> None:
                          text=True, timeout=60)
     assert out.returncode == 0
     assert out.stdout.startswith(f"mqttamqp {__version__} (Twisted "), out.stdout
+
+
+def test_the_start_up_line_names_the_build_these_tests_import(tmp_path: Path) -> None:
+    """The broker says at start-up which build it runs (the hot modules compiled by
+    mypyc, setup.py's MQTTAMQP_COMPILE, or pure Python): the one these tests import."""
+    with BrokerProcess(str(tmp_path / "data")) as broker:
+        lines = [line for line in broker.log if "data directory" in line]
+    build = "compiled" if COMPILED else "pure Python"
+    assert len(lines) == 1 and f"mqttamqp {__version__} ({build}): data directory " in lines[0]
 
 
 # ----------------------------------------------------------------------------------
