@@ -65,7 +65,6 @@ class InflightWindow:
     # Deliveries a queue may have outstanding with it (0: --queue-prefetch): an AMQP
     # 0.9.1 consumer's basic.qos prefetch (``amqp091.consumers``).
     queue_prefetch: int
-    stalled: bool
     # A durable queue's delivery was refused (it would have waited over the bound),
     # or a queue passed this session over while entries waited here: what feeds
     # its queue groups again once the window frees with nothing queued here
@@ -79,8 +78,15 @@ class InflightWindow:
     _next_pid: int   # (where the search for a free packet id starts)
     # What it reads of the session's own.
     client_id: str
-    persistent: bool
     link: ClientLink | None
+    # The two flags last, side by side: in the compiled build (setup.py) a native
+    # class stores a ``bool`` as one byte, and fields in the order declared here, then
+    # ``Session``'s, after its 4-byte bitmap (its ``float``, ``last_seen``): together
+    # the three fill one 8-byte word, where apart each took a word of its own, and the
+    # session is pymalloc's 240-byte class, as in pure Python (tests/unit/core/
+    # test_session.py).  (Pure Python's layout is ``__slots__``'s, not this.)
+    persistent: bool
+    stalled: bool   # (see ``Session.over_high_water``)
 
     def _allocate_pid(self) -> int:
         """A free packet id, the next after the last one handed out."""
