@@ -48,7 +48,7 @@ archive/eventbuffer.py
 
 MODE = os.environ.get("MQTTAMQP_COMPILE", "0")
 HOW = ("pip install . mypy 'setuptools>=77', then MQTTAMQP_COMPILE=1 pip install "
-       "--no-build-isolation --no-deps --force-reinstall .  (README.md, 'A faster build')")
+       "--no-build-isolation --no-deps --force-reinstall .  (README.md, 'The compiled build')")
 
 
 def pure(why: str) -> list[object]:
