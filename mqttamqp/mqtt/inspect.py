@@ -21,7 +21,7 @@ __all__ = ["ConnectionView"]
 _PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionView(MQTTLink):
     """The connection as others see it, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
@@ -38,10 +38,14 @@ class ConnectionView(MQTTLink):
 
     @connected.setter
     def connected(self, value: int) -> None:
-        pass   # (``SlottedProtocol.makeConnection`` sets it: the transport says it)
+        pass   # (Twisted's ``makeConnection`` sets it: the transport says it)
+
+    def logPrefix(self) -> str:
+        """Twisted's ``ILoggingContext``."""
+        return self.__class__.__name__
 
     def makeConnection(self, transport: Any) -> None:
-        """``SlottedProtocol.makeConnection`` without setting ``connected`` (the
+        """Twisted's ``BaseProtocol.makeConnection`` without setting ``connected`` (the
         setter above, a call that does nothing)."""
         self.transport = transport
         self.connectionMade()
