@@ -222,13 +222,14 @@ class MQTTProtocol(ConnectHandshake):
             self.transport.abortConnection()
             return
         unregistered[self] = ""   # (until its CONNACK: ``opened``)
-        if not getattr(self.transport, "nodelay", False) and plain_tcp(self.transport):
+        transport = self.transport   # (``hasattr``, not a getattr default: ``peer``)
+        if not (hasattr(transport, "nodelay") and transport.nodelay) and plain_tcp(transport):
             # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
             # listener, see ``net.tcp.lean_port``.)
-            self.transport.setTcpNoDelay(True)
-        register_push_producer(self.transport, self)
+            transport.setTcpNoDelay(True)
+        register_push_producer(transport, self)
         # (armed next turn if CONNECT has not come by then: ``SoonDeadlines``)
         self.factory.connect_soon.add(self)
 
