@@ -30,13 +30,13 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # The delivery and connect paths (profiles of bench/deliver_inproc.py q1p/q1/fanin/
-# fan311 and bench/connect_inproc.py).  Not here: mqtt/handshake.py and
-# mqtt/inspect.py (property setters in a class that cannot be native),
-# core/queues/membership.py (queues.manager.QueueManager, not compiled, subclasses it).
+# fan311 and bench/connect_inproc.py).  Not here: core/queues/membership.py
+# (queues.manager.QueueManager, not compiled, subclasses it).
 COMPILED = """
 mqtt/codec.py mqtt/reading.py mqtt/flows.py mqtt/protocol.py mqtt/outbound.py
 mqtt/packets.py mqtt/decoders.py mqtt/executor.py mqtt/connection.py mqtt/link.py
-mqtt/closing.py mqtt/decisions.py mqtt/deadlines.py mqtt/bodies.py
+mqtt/closing.py mqtt/decisions.py mqtt/deadlines.py mqtt/bodies.py mqtt/handshake.py
+mqtt/inspect.py
 core/routing/router.py core/routing/publishing.py core/routing/settlement.py
 core/routing/topicstats.py core/sessions/session.py core/sessions/window.py
 core/sessions/entries.py core/sessions/extras.py core/commits.py core/topics.py

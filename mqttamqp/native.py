@@ -5,8 +5,8 @@ mypyc (``python -m mypyc``) makes a compiled module's classes native (C) classes
 single inheritance (and traits) only, no builtin base but a few (``object``,
 ``Exception``, ``ValueError``, ``dict`` ...), no interpreted subclass, no attribute
 set on an instance or a class at run time.  ``@mypyc_attr(native_class=False)`` keeps
-a class an ordinary Python class whose methods are still compiled (the mixins of
-``mqtt.protocol.MQTTProtocol``); ``allow_interpreted_subclasses=True`` lets
+a class an ordinary Python class whose methods are still compiled (the
+``RuntimeError`` and builtin-collection subclasses); ``allow_interpreted_subclasses=True`` lets
 uncompiled code (the tests, ``mqtt.debuglog``) subclass it; ``@trait`` marks a mixin
 of a native class (``sessions.extras.SessionExtras``).  mypyc knows them by their
 names in ``mypy_extensions``; in pure Python (no mypyc build, ``mypy_extensions``
@@ -34,7 +34,7 @@ else:
             return cls
 
 
-# ``__slots__ = NO_SLOTS`` in a mixin of ``mqtt.protocol.MQTTProtocol``: no slots, as
+# ``__slots__ = NO_SLOTS`` in a part of ``mqtt.protocol.MQTTProtocol``: no slots, as
 # ``()``, but a name mypy does not read (it would see no slot for what the connection
 # has), where ``if not TYPE_CHECKING: __slots__ = ()`` was: mypyc compiles no ``if``
 # in a class body.

@@ -39,7 +39,7 @@ from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Pingresp, ReasonCode
 
 __all__ = [
-    "Ack", "Arm", "Close", "Goodbye", "PINGRESP", "PUBACK", "PUBACK_RELEASE",
+    "Ack", "Action", "Arm", "Close", "Goodbye", "PINGRESP", "PUBACK", "PUBACK_RELEASE",
     "PUBCOMP", "PUBCOMP_RELEASE", "PUBREC", "PUBREC_OPENS", "Refuse",
     "Send", "ack_frame", "pack_ack",
 ]
@@ -190,6 +190,9 @@ class Goodbye(_Value):
 
 PUBACK = Ack(0x40)
 PUBACK_RELEASE = Ack(0x40, release=True)
+# Every action (``executor.ActionExecutor._carry_out``'s argument).
+Action = Send | Ack | Close | Refuse | Arm | Goodbye
+
 PUBREC = Ack(0x50)
 PUBREC_OPENS = Ack(0x50, opens=True)
 PUBCOMP = Ack(0x70)

@@ -20,8 +20,8 @@ from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decisions import problem, violation_code
-from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack, Disconnect, Properties, ReasonCode
+from mqttamqp.mqtt.reading import InputPump
 from mqttamqp.native import NO_SLOTS, mypyc_attr
 
 __all__ = ["Disconnects"]
@@ -29,8 +29,8 @@ __all__ = ["Disconnects"]
 _CONNECTED = ConnectionState.CONNECTED
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
-class Disconnects(MQTTLink):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Disconnects(InputPump):
     """Protocol errors and broker-side closes, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
 

@@ -85,7 +85,7 @@ class IllegalTransition(RuntimeError):
     """A transition the table does not allow: a bug in the caller, not the client."""
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionRules:
     """The state of one MQTT connection and what the client may send in it."""
 

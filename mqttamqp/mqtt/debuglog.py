@@ -2,8 +2,12 @@
 of one MQTT connection, for a while, within a line budget.
 
 While it is debugged the connection's class is a subclass of its own whose
-``_emit`` and handler table log (``__class__`` assignment: the connection has no
-``__dict__`` to hold wrappers), so no other connection pays a check per packet.
+handler table logs (``__class__`` assignment: the connection has no ``__dict__``
+to hold wrappers), and whose type its ``_emit`` tells from its own to call ``sent``
+(not an ``_emit`` of the subclass: in the compiled build a connection is a native
+instance, whose compiled methods call each other through the table of the class it
+was made with, whatever ``__class__`` says later), so no other connection pays
+more than a type check per packet out.
 I/O side (a timer, the log); it decides nothing about the connection.
 """
 
@@ -17,7 +21,7 @@ from twisted.logger import Logger
 from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock
 
-__all__ = ["Debugged", "start", "stop"]
+__all__ = ["Debugged", "sent", "start", "stop"]
 
 _Handler = Callable[[Any, Any], None]
 
@@ -32,8 +36,6 @@ class Debugged(Protocol):
 
     @property
     def peer(self) -> str: ...
-
-    def _emit(self, data: bytes) -> None: ...
 
     def stop_debug(self) -> None: ...
 
@@ -80,19 +82,11 @@ def _allowed(conn: Debugged) -> bool:
 
 
 def _logging_class(cls: type) -> type:
-    """``cls`` with ``_emit`` and the packet handlers logged (no new slots: a
+    """``cls`` with the packet handlers logged (no new slots: a
     connection changes class to it and back, ``__class__`` assignment)."""
     made = _logging_classes.get(cls)
     if made is not None:
         return made
-    plain_emit = cls._emit  # type: ignore[attr-defined]
-
-    def emit(self: Debugged, data: bytes) -> None:
-        if _allowed(self):
-            self.log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
-                          peer=self.peer, kind=_frame_kind(data), n=len(data))
-        plain_emit(self, data)
-
     def logged(handler: _Handler) -> _Handler:
         def handle(link: Debugged, packet: Any) -> None:
             if _allowed(link):
@@ -103,12 +97,20 @@ def _logging_class(cls: type) -> type:
 
     handlers = {kind: logged(handler) for kind, handler
                 in cls._connected_handlers.items()}  # type: ignore[attr-defined]
-    made = type(cls.__name__, (cls,), {"__slots__": (), "_emit": emit,
+    made = type(cls.__name__, (cls,), {"__slots__": (),
                                        "_connected_handlers": handlers,
                                        "__module__": cls.__module__})
     _logging_classes[cls] = made
     _plain_classes[made] = cls
     return made
+
+
+def sent(conn: Debugged, data: bytes) -> None:
+    """``data`` is written to ``conn`` (called by its ``_emit`` when its class is
+    not its own: a subclass, this module's while it is logged)."""
+    if _allowed(conn):
+        conn.log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=conn.client_id,
+                      peer=conn.peer, kind=_frame_kind(data), n=len(data))
 
 
 def debugged(conn: Debugged) -> bool:

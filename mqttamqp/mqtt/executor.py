@@ -39,7 +39,8 @@ from twisted.python.failure import Failure
 
 from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
-from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send, pack_ack
+from mqttamqp.mqtt.actions import Ack, Action, Arm, Close, Goodbye, Refuse, Send, pack_ack
+from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
@@ -49,21 +50,19 @@ from mqttamqp.mqtt.connection import (
     Keepalive,
 )
 from mqttamqp.mqtt.decisions import problem
-from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
 from mqttamqp.mqtt.v5 import CONNACK_REASONS
 from mqttamqp.native import NO_SLOTS, mypyc_attr
 
 __all__ = ["Action", "ActionExecutor", "Durable"]
 
-Action = Send | Ack | Close | Refuse | Arm | Goodbye
 # What an acknowledgement waits for: a commit, the batch's early-acknowledgement
 # round (``core.commits.CommitRound``: MQTT QoS 1), or nothing.
 Durable = Deferred[None] | CommitRound | None
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
-class ActionExecutor(MQTTLink):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ActionExecutor(Disconnects):
     """Carries out the actions of ``decisions``, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
 
@@ -129,8 +128,8 @@ class ActionExecutor(MQTTLink):
                        packet_id: int) -> None:
         """``_ack``, giving the quota of ``packet_id`` back once written.  (Its own
         method: a closure in ``_acknowledge`` would make its cells on every call.  A
-        ``partial``, not a lambda: mypyc fails on a lambda in a method of a class that
-        is not native.)"""
+        ``partial``, not a lambda: mypyc failed on a lambda in a method of a class that
+        was not native.)"""
         v5 = self._v5
         assert v5 is not None
         release = v5.quota_release

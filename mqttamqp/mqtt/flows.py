@@ -56,7 +56,7 @@ def _consumer(props: Properties | None) -> Consumer | None:
                     stream_offset=users.get("stream-offset") or None)
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectedFlows(ActionExecutor):
     """The packets of a connected client, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
@@ -227,8 +227,8 @@ class ConnectedFlows(ActionExecutor):
                                          for f, q in packet.topics]
                                         if self.bridge_peer else ())
             ack, grants = decisions.suback(packet, codes, self.version)
-        # (a ``partial``, not a lambda: mypyc fails on a lambda in a method of a class
-        # that is not native)
+        # (a ``partial``, not a lambda: mypyc failed on a lambda in a method of a class
+        # that was not native)
         self._acknowledge(ack, packet.packet_id, d,
                           partial(broker.send_retained, session, grants))
 

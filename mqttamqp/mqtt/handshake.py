@@ -31,7 +31,7 @@ from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close, Refuse, Send
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decisions import Connecting
-from mqttamqp.mqtt.executor import ActionExecutor
+from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.link import CoreLink, ListenerState
 from mqttamqp.mqtt.packets import (
     Auth,
@@ -70,8 +70,8 @@ class AuthInProgress:
         self.final: bytes | None = None
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
-class ConnectHandshake(ActionExecutor):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ConnectHandshake(ConnectedFlows):
     """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
 
     __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)

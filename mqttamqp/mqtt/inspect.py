@@ -21,7 +21,7 @@ __all__ = ["ConnectionView"]
 _PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionView(MQTTLink):
     """The connection as others see it, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
@@ -38,10 +38,14 @@ class ConnectionView(MQTTLink):
 
     @connected.setter
     def connected(self, value: int) -> None:
-        pass   # (``SlottedProtocol.makeConnection`` sets it: the transport says it)
+        pass   # (Twisted's ``makeConnection`` sets it: the transport says it)
+
+    def logPrefix(self) -> str:
+        """Twisted's ``ILoggingContext``."""
+        return self.__class__.__name__
 
     def makeConnection(self, transport: Any) -> None:
-        """``SlottedProtocol.makeConnection`` without setting ``connected`` (the
+        """Twisted's ``BaseProtocol.makeConnection`` without setting ``connected`` (the
         setter above, a call that does nothing)."""
         self.transport = transport
         self.connectionMade()
@@ -51,22 +55,28 @@ class ConnectionView(MQTTLink):
         """The client's ``host:port``: the one representation of the address a lean
         TCP transport keeps (``net.tcp.LeanServer.peer``), the TLS layer's too (the
         TCP transport under it); for any other transport (WebSocket, tests'
-        fakes) made from its address when read (a few times a CONNECT)."""
+        fakes) made from its address when read (a few times a CONNECT).  (``hasattr``
+        first, not ``getattr`` with a default: compiled by mypyc, that one raises and
+        clears an AttributeError for each attribute a transport lacks, ~1,500
+        instructions; ``hasattr`` asks without one.)"""
         transport = self.transport
         if transport is None:
             return "?"
-        peer = getattr(transport, "peer", None)
+        peer = transport.peer if hasattr(transport, "peer") else None
         if type(peer) is str:
             return peer
-        peer = getattr(getattr(transport, "transport", None), "peer", None)
+        inner: Any = transport.transport if hasattr(transport, "transport") else None
+        peer = inner.peer if hasattr(inner, "peer") else None
         if type(peer) is str:
             return peer
-        client = getattr(transport, "client", None)
+        client = transport.client if hasattr(transport, "client") else None
         if type(client) is tuple and len(client) >= 2:
             # (a TCP transport's accepted address: what getPeer would wrap)
             return f"{client[0]}:{client[1]}"
         address = transport.getPeer()
-        return f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
+        host = address.host if hasattr(address, "host") else "?"
+        port = address.port if hasattr(address, "port") else "?"
+        return f"{host}:{port}"
 
     @property
     def rules(self) -> ConnectionRules:

@@ -10,7 +10,12 @@ one's decision, and the broker calls between decisions), ``closing.Disconnects``
 ``inspect.ConnectionView`` (what the console sees) and the Twisted protocol
 itself (bytes, batches, timers).
 ``MQTTLink`` declares, once, what the parts use of each other; ``MQTTProtocol``
-has all of it (its slots and methods).  The connection is its own
+has all of it (its slots and methods).  The parts are one chain of single bases,
+in the order of ``MQTTProtocol``'s method resolution when they were mixins
+(``MQTTLink`` → ``ConnectionView`` → ``InputPump`` → ``Disconnects`` →
+``ActionExecutor`` → ``ConnectedFlows`` → ``ConnectHandshake`` → ``MQTTProtocol``),
+so that in the compiled build (mypyc: single inheritance) every one is a native
+class; a part still uses only what it or ``MQTTLink`` declares.  The connection is its own
 ``connection.ConnectionRules`` (``MQTTLink``'s base: the ``state`` slot and the
 rules' methods), not a second object holding one field.  Nothing here runs.
 """
@@ -32,6 +37,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.entries import ClientLink
 from mqttamqp.core.sessions.session import Session
+from mqttamqp.mqtt.actions import Action
 from mqttamqp.mqtt.codec import Decoder
 from mqttamqp.mqtt.connection import (
     AckQueue,
@@ -41,6 +47,7 @@ from mqttamqp.mqtt.connection import (
 from mqttamqp.mqtt.deadlines import Deadlines
 from mqttamqp.mqtt.decoders import SpareDecoders
 from mqttamqp.mqtt.opened import OpenConnections
+from mqttamqp.mqtt.packets import ReasonCode
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.native import NO_SLOTS, mypyc_attr
@@ -68,13 +75,19 @@ class ListenerState(Protocol):
     bridge_peers: set[Any]
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MQTTLink(ConnectionRules):
     """The state and operations of one MQTT connection its parts share."""
 
     __slots__ = NO_SLOTS   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     log: ClassVar[Logger]
+    # (the bools first: in the compiled build each is a byte, and these three share
+    # a word with the attributes' bitmap, where elsewhere each took 8 bytes: a
+    # connection 24 bytes smaller, in pymalloc's 320-byte class as in pure Python)
+    clean_session: bool
+    _in_process: bool
+    congested: bool
     transport: Any
     factory: Any   # (Twisted's; ``_factory`` is the typed view, a call more)
     broker: Broker
@@ -89,42 +102,80 @@ class MQTTLink(ConnectionRules):
     username: str | None
     version: str
     keepalive: int
-    clean_session: bool
     connected_since: float
     _v5: Negotiated | None
-    bridge_peer: bool   # the client announced Mosquitto's bridge flag
     _connect_timer: float | None    # due times, set by the ``Deadlines``
     _keepalive_timer: float | None
     messages_in: int
     _acks: AckQueue
     _cause: str
     _reading_paused_for: frozenset[str]
-    _in_process: bool
     _parked: Parked | None
     _throttle: PublishThrottle | None   # (--max-publish-rate: read per PUBLISH)
     _turn_timer: DelayedCall | None
     _last_activity: float
     messages_out: int
-    congested: bool
     _out: list[bytes] | None   # what the batch holds for the socket (``_emit``)
     bytes_in: int
     bytes_out: int
     _handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
     _connected_handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
-    _write: Callable[[bytes], None]
-    _send_disconnect: Callable[[int, str], None]
-    _after_publish: Callable[[Session, Published, int], None]
-    _violation: Callable[..., None]
-    _carry_out: Callable[..., None]
-    _lose: Callable[[], None]
-    _process: Callable[[], None]
-    _cancel_timers: Callable[[], None]
-    _stop_connect_timer: Callable[[], None]
-    _pause_reading: Callable[[str], None]
-    _resume_reading: Callable[[str], None]
-    start_debug: Callable[[float], None]
-    _identified: Callable[[], Identity]
-    connectionMade: Callable[[], None]   # (Twisted's, ``protocol.MQTTProtocol``'s)
+
+    # What one part calls of another declared as methods (not ``Callable``
+    # attributes): in the compiled build the parts are one chain of native classes
+    # (``protocol.MQTTProtocol``), where a method is a vtable entry that the part
+    # defining it overrides, and an attribute would be a field of every connection.
+    # None of these runs: every one is overridden.
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _send_disconnect(self, code: int, reason: str) -> None:
+        raise NotImplementedError
+
+    def _after_publish(self, session: Session, result: Published, size: int) -> None:
+        raise NotImplementedError
+
+    def _violation(self, reason: str, cause: str | None = None,
+                   code: int = ReasonCode.PROTOCOL_ERROR, limit: str | None = None) -> None:
+        raise NotImplementedError
+
+    def _carry_out(self, action: Action, packet_id: int = 0) -> None:
+        raise NotImplementedError
+
+    def _lose(self) -> None:
+        raise NotImplementedError
+
+    def _process(self, now: float = 0.0) -> None:
+        raise NotImplementedError
+
+    def _cancel_timers(self) -> None:
+        raise NotImplementedError
+
+    def _stop_connect_timer(self) -> None:
+        raise NotImplementedError
+
+    def _pause_reading(self, why: str) -> None:
+        raise NotImplementedError
+
+    def _resume_reading(self, why: str) -> None:
+        raise NotImplementedError
+
+    def start_debug(self, until: float) -> None:
+        raise NotImplementedError
+
+    def _identified(self) -> Identity:
+        raise NotImplementedError
+
+    def connectionMade(self) -> None:   # (Twisted's, ``protocol.MQTTProtocol``'s)
+        raise NotImplementedError
+
+    @property
+    def bridge_peer(self) -> bool:   # the client announced Mosquitto's bridge flag
+        raise NotImplementedError
+
+    @bridge_peer.setter
+    def bridge_peer(self, value: bool) -> None:
+        raise NotImplementedError
 
     @property
     def peer(self) -> str:

@@ -41,11 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer  # type: ignore[import-untyped]
+from zope.interface import classImplements  # type: ignore[import-untyped]
 
 from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.adapter.meter import DeliveryMeter
@@ -62,7 +62,6 @@ from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.actions import Close, ack_frame
-from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish, one_packet
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
@@ -75,7 +74,6 @@ from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import ConnectHandshake
-from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.opened import OpenConnections
 from mqttamqp.mqtt.outbound import QOS0_FRAME, QOS0_FRAME5
 from mqttamqp.mqtt.packets import (
@@ -92,10 +90,9 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.parking import Parked
-from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH, InputPump
+from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.native import mypyc_attr
-from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
@@ -108,17 +105,16 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 _NO_PROPERTIES = b"\x00"
 
 
-@implementer(IPushProducer)
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
-class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
-                   SlottedProtocol):
-    log = Logger()
+@mypyc_attr(allow_interpreted_subclasses=True)
+class MQTTProtocol(ConnectHandshake):
+    log: ClassVar[Logger] = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
     # (unshared) __dict__ of about 1.5 KB; and with no dict at all (every base has
-    # ``__slots__``; ``SlottedProtocol`` in place of Twisted's ``Protocol``, which has
-    # none) the dict's pointers and values block are gone too (~40 bytes).  The
-    # console's debug log does not need one either: ``debuglog`` swaps the class.
+    # ``__slots__``; no Twisted ``Protocol`` base, which has none: what Twisted calls
+    # is here and in ``inspect``) the dict's pointers and values block are gone too
+    # (~40 bytes).  The console's debug log swaps the class.  Compiled (mypyc), the
+    # parts' chain (``link``) is native: C fields, not these slots, and a vtable.
     # The connection is its own ``ConnectionRules`` (a base class, through
     # ``link.MQTTLink``: its ``state`` slot and methods): the rules stay sans-IO and
     # tested alone, and a connection does not pay for a second object (40 bytes) to
@@ -226,13 +222,14 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self.transport.abortConnection()
             return
         unregistered[self] = ""   # (until its CONNACK: ``opened``)
-        if not getattr(self.transport, "nodelay", False) and plain_tcp(self.transport):
+        transport = self.transport   # (``hasattr``, not a getattr default: ``peer``)
+        if not (hasattr(transport, "nodelay") and transport.nodelay) and plain_tcp(transport):
             # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
             # listener, see ``net.tcp.lean_port``.)
-            self.transport.setTcpNoDelay(True)
-        register_push_producer(self.transport, self)
+            transport.setTcpNoDelay(True)
+        register_push_producer(transport, self)
         # (armed next turn if CONNECT has not come by then: ``SoonDeadlines``)
         self.factory.connect_soon.add(self)
 
@@ -387,7 +384,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         comes in time for the congestion logic; a congested connection is written
         at once.  A write that raises is counted and logged a line a minute
         (``core.commits.write_failed``): the routing that called this goes on to the
-        others."""
+        others.  (Of another class, the debug log's, it first tells ``debuglog.sent``.)"""
+        if type(self) is not MQTTProtocol:
+            debuglog.sent(self, data)
         try:
             out = self._out
             if out is not None:
@@ -506,6 +505,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
+
+
+# (not ``@implementer``: a class decorator other than mypyc's would make the class
+# not native in the compiled build)
+classImplements(MQTTProtocol, IPushProducer, IProtocol, ILoggingContext)
 
 
 def _not_sent(connection: MQTTProtocol, packet_id: int | None, topic: str) -> None:

@@ -20,7 +20,7 @@ from mqttamqp.mqtt.actions import Close
 from mqttamqp.mqtt.codec import MalformedPacket
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
-from mqttamqp.mqtt.link import MQTTLink
+from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.native import NO_SLOTS, mypyc_attr
 from mqttamqp.net.tcp import others_waiting, plain_tcp
@@ -45,8 +45,8 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 SINGLE_PUBLISH: list[Any] = [None]
 
 
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
-class InputPump(MQTTLink):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class InputPump(ConnectionView):
     """The input pump and reading pauses, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
 
