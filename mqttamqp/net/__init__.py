@@ -15,9 +15,6 @@ Modules (each says in its docstring why its trick pays):
   the endpoint's private ``_sslContextFactory``).
 * ``websocket``: a WebSocket seen as a byte stream (``StreamOverWebSocket``), for a
   protocol written for TCP.
-* ``slotted``: ``SlottedProtocol``, Twisted's ``Protocol`` without an instance
-  dict (an MQTT connection with slots only: ~40 bytes less each; ``MQTTProtocol``
-  now has its methods itself, a base it could not have as a native class).
 * ``dispatch``: ``lean_dispatch``, the epoll reactor's events handled without
   Twisted's per-event logging context (eight Python calls an event: at a paced
   1,000 msg/s each message is two events), and a plain read event of a TCP server
