@@ -6,11 +6,12 @@ are built as C extensions beside their ``.py`` files, one group in mypyc's ``sep
 mode with its shared library ``mqttamqp_hot__mypyc``, and any failure stops the build.
 ``auto`` (README's start command): the same, but if the build environment cannot
 compile them (no mypy, a type error mypyc reports, a compiler that fails) the package
-is built pure Python, with one line saying why.  The compiled build needs mypy (which
-carries mypyc), the package's dependencies (mypyc type-checks against them) and
-setuptools 77 or later (a new venv has an older one) in the build environment, a C
-compiler and the Python headers (Debian: ``python3-dev gcc``), so it is done without
-build isolation, as README says:
+is built pure Python, with one line saying why (pip shows a build's output with
+``-v`` only; the broker's start-up line names the build it runs).  The compiled
+build needs mypy (which carries mypyc), the package's dependencies (mypyc
+type-checks against them) and setuptools 77 or later (a new venv has an older one) in
+the build environment, a C compiler and the Python headers (Debian: ``python3-dev
+gcc``), so it is done without build isolation, as README says:
 
     .venv/bin/pip install . mypy 'setuptools>=77'
     MQTTAMQP_COMPILE=auto .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall .
@@ -79,7 +80,8 @@ def ext_modules() -> list[object]:
                              separate=[(files, "mqttamqp_hot")]))
     except (Exception, SystemExit) as failure:   # mypyc exits on a type error
         if MODE == "auto":
-            return pure(f"mypyc failed ({failure!r}; its messages are above)")
+            return pure(f"mypyc failed ({type(failure).__name__}; its messages are above, "
+                        "which pip shows with -v)")
         raise
 
 
@@ -91,16 +93,17 @@ class BuildExt(build_ext):
         if MODE != "auto":
             super().run()
             return
-        try:
+        inplace = self.inplace   # (setuptools clears it during the run, and on a failure
+        try:                     # does not set it back)
             super().run()
         except Exception as failure:   # CompileError, LinkError, a missing compiler
-            for path in [*self.get_outputs(), *self._inplace_outputs()]:
+            built = self.get_outputs() + (self._inplace_outputs() if inplace else [])
+            for path in built:
                 if os.path.exists(path):
                     os.remove(path)
             self.extensions = []
-            reason = str(failure)
-            pure("the C compiler failed: "
-                 + (reason if len(reason) <= 160 else reason[:160] + "..."))
+            pure(f"the C compiler failed ({type(failure).__name__}; its messages are "
+                 "above, which pip shows with -v)")
 
     def _inplace_outputs(self) -> list[str]:
         build_py = self.get_finalized_command("build_py")

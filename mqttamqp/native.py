@@ -15,6 +15,7 @@ perhaps not installed) they do nothing.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,9 @@ NO_SLOTS: tuple[str, ...] = ()
 def build() -> str:
     """Which build this install runs: ``"compiled"`` when its hot modules are the C
     extensions mypyc built (setup.py's ``MQTTAMQP_COMPILE``; a ``.so`` beside each
-    ``.py`` wins the import), else ``"pure Python"``.  The start-up log line names it,
-    and the tests' header."""
-    spec = importlib.util.find_spec("mqttamqp.mqtt.protocol")
-    origin = None if spec is None else spec.origin
-    return "pure Python" if origin is None or origin.endswith(".py") else "compiled"
+    ``.py`` wins the import), else ``"pure Python"``.  The start-up log line names it.
+    (``core.commits`` is one of them, and below this module's users in the layers.)"""
+    spec = importlib.util.find_spec("mqttamqp.core.commits")
+    loader = None if spec is None else spec.loader
+    extension = isinstance(loader, importlib.machinery.ExtensionFileLoader)
+    return "compiled" if extension else "pure Python"

@@ -1,4 +1,4 @@
-"""The unit tests against the mypyc-compiled build (``bench/mypyc_build.py``; the
+"""The tests against the mypyc-compiled build (``bench/mypyc_build.py``; the
 last section of ``bench/README.md``): what tells the two apart, and the ways the
 tests reach a compiled class without patching its instances (a compiled instance's
 methods are read-only, and compiled code calls a compiled function directly, past
@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from twisted.python.failure import Failure
 
+import mqttamqp.mqtt.protocol
 from mqttamqp.core.commits import CommitBatcher
-from mqttamqp.native import build
 
 # True when the hot modules are the compiled ones (a ``.so`` beside each ``.py``).
-COMPILED = build() == "compiled"
+COMPILED = not mqttamqp.mqtt.protocol.__file__.endswith(".py")
 
 # For what a test cannot observe in the compiled build (say why at each use).
 not_compiled = pytest.mark.skipif(COMPILED, reason="observes a call inside compiled code")
