@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -68,7 +68,7 @@ def write_failed(stats: BrokerStats, limit: LogLimiter, log: Logger,
 
 
 class CommitBatcher:
-    log = Logger(namespace="mqttamqp.core.broker")
+    log: ClassVar[Logger] = Logger(namespace="mqttamqp.core.broker")
 
     def __init__(self, store: StateStore, stats: BrokerStats | None = None,
                  clock: Callable[[], float] | None = None) -> None:

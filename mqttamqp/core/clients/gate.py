@@ -13,7 +13,7 @@ here) or keep any list itself: the ban list and the rate limiters are injected
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
@@ -45,7 +45,7 @@ BRIDGE_SESSIONS = "$bridge/"
 
 class ClientGate:
     # (the namespace these lines had before the port split: operators filter on it)
-    log = Logger(namespace="mqttamqp.core.broker.Broker")
+    log: ClassVar[Logger] = Logger(namespace="mqttamqp.core.broker.Broker")
 
     def __init__(self, clock: Clock, limits: Limits, stats: BrokerStats, recorder: Recorder,
                  log_limit: LogLimiter, authenticator: Authenticator,

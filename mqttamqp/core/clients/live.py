@@ -19,6 +19,7 @@ table and hands out its register methods), or close a connection.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import ClassVar
 
 from twisted.logger import Logger
 
@@ -51,7 +52,7 @@ class LiveConnections(Mapping[str, InspectableConnection]):
     (key -> connection) seen as one mapping of keys, changed only by the register
     methods."""
 
-    log = Logger(namespace="mqttamqp.core.broker")
+    log: ClassVar[Logger] = Logger(namespace="mqttamqp.core.broker")
 
     def __init__(self, clock: Clock, stats: BrokerStats, commits: CommitBatcher,
                  recorder: Recorder) -> None:

@@ -18,6 +18,7 @@ touch sockets beyond the ``close`` of a holder it takes a session from.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -64,7 +65,7 @@ class Opened:
 
 
 class SessionRegistry:
-    log = Logger(namespace="mqttamqp.core.broker")
+    log: ClassVar[Logger] = Logger(namespace="mqttamqp.core.broker")
 
     def __init__(self, clock: Clock, limits: Limits, commits: CommitBatcher,
                  stats: BrokerStats, router: Router, wills: Wills,

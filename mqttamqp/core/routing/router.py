@@ -22,6 +22,7 @@ registry does); it receives the sessions it routes to through the trie.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 from twisted.logger import Logger
 
@@ -63,7 +64,7 @@ _ROUTED = Published()
 
 
 class Router(Subscriptions):
-    log = Logger(namespace="mqttamqp.core.broker")
+    log: ClassVar[Logger] = Logger(namespace="mqttamqp.core.broker")
 
     def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
                  authorizer: Authorizer, recorder: Recorder,

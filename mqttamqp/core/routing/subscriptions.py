@@ -6,6 +6,7 @@ the trie, restore at start-up and the re-check when an identity or the ACL chang
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -43,8 +44,8 @@ class Subscriptions:
     """The subscription half of ``Router`` (a base class: one object, no extra
     lookup on the paths that use both halves)."""
 
+    log: ClassVar[Logger]   # (``Router``'s)
     # Set by ``Router.__init__``:
-    log: Logger
     limits: Limits
     _log_limit: LogLimiter
     clock: Clock
