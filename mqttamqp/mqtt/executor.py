@@ -54,7 +54,7 @@ from mqttamqp.mqtt.packets import Connack
 from mqttamqp.mqtt.v5 import CONNACK_REASONS
 from mqttamqp.native import NO_SLOTS, mypyc_attr
 
-__all__ = ["Action", "ActionExecutor", "Durable"]
+__all__ = ["ActionExecutor", "Durable"]
 
 # What an acknowledgement waits for: a commit, the batch's early-acknowledgement
 # round (``core.commits.CommitRound``: MQTT QoS 1), or nothing.
