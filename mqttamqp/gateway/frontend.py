@@ -135,20 +135,22 @@ class GatewayFactory(Factory):
         self.authenticator: Authenticator | None = None
 
     def buildProtocol(self, addr: Any) -> Protocol:
-        return RefusedAtAccept() if self.full(addr) else GatewayProtocol(self)
+        peer = f"{addr.host}:{addr.port}" if hasattr(addr, "port") else str(addr)
+        return RefusedAtAccept() if self.full("MQTT", peer) else GatewayProtocol(self)
 
-    def full(self, addr: Any) -> bool:
+    def full(self, kind: str, peer: str) -> bool:
         """--max-connections reached (the clients and the WebSocket sockets still in
-        their upgrade: ``gateway.websocket``): a socket refused, counted and logged."""
+        their upgrade: ``gateway.websocket``): a socket refused, counted and logged
+        in the broker's words (``core.clients.gate.ClientGate.admit``)."""
         limit = self.limits.max_connections
         if not limit or len(self.connections) + len(self.upgrading) < limit:
             return False
         self.refused_connections += 1
         held = self.ratelog.allow("max-connections")
         if held is not None:
-            self.log.warn("refused a connection from {a}: --max-connections ({n}) "
-                          "reached{more}", a=addr, n=limit,
-                          more=f"; {held} more not logged" if held else "")
+            self.log.warn("refusing {kind} connection from {peer}: --max-connections ({n}) "
+                          "reached ({held} more refused since the last line)", kind=kind,
+                          peer=peer, n=limit, held=held)
         return True
 
     def channel_for(self, client: GatewayProtocol, credit: int, clean_start: bool

@@ -66,7 +66,7 @@ class WebSocketSide:
         return self.factory.buildProtocol(addr)
 
     def admit(self, peer: str) -> bool:
-        return not self.factory.full(peer)
+        return not self.factory.full("MQTT over WebSocket", peer)
 
     def hold(self, ws: Any) -> None:
         self.factory.upgrading.add(ws)
