@@ -30,6 +30,7 @@ from mqttamqp.amqp.links import (
 )
 from mqttamqp.core.message import MessageProperties
 from mqttamqp.core.sessions.flow import Congestible
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import (
     decref,
     delivery_aborted,
@@ -65,6 +66,7 @@ def message_properties(props: Mqtt5Props | None, payload: bytes | None
     return MessageProperties(*props)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)   # (services' links are not compiled)
 class IncomingLink(BrokerLink):
     """A link the peer sends on.  Subclasses implement ``on_message``."""
 
@@ -130,7 +132,10 @@ class IncomingLink(BrokerLink):
         if owed >= self._refill or owed >= self.window - self.outstanding:
             self.top_up()
 
-    answered = _answered   # (a transaction's answer, ``transactions``)
+    def answered(self) -> None:
+        """``_answered``, for a transaction's answer (``transactions``).  (A method,
+        not an alias in the class body: mypyc's native classes take none.)"""
+        self._answered()
 
     def on_flow(self) -> None:
         """The peer's flow frame on this link (it may have used up credit in a

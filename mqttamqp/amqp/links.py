@@ -39,6 +39,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.transactions import Transaction
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import (
     close_with,
     condition,
@@ -144,6 +145,7 @@ class LinkHost(Protocol):
     def release_will(self, link: BrokerLink) -> bool: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)   # (services' links are not compiled)
 class BrokerLink:
     """One attached link and what it is for."""
 
