@@ -97,6 +97,8 @@ def rcv_mode_name(mode: int) -> str:
     return "second" if mode == Link.RCV_SECOND else "first"
 
 
+_LOG = Logger()   # (``BrokerLink.log``)
+
 class LinkHost(Protocol):
     """What a link needs from its AMQP connection (``endpoints.SessionsAndLinks``)."""
 
@@ -160,8 +162,15 @@ class BrokerLink:
         "name",
         "plink",
     )
-    log = Logger()
     role = ""                            # "sender" or "receiver", from the broker's side
+
+    @property
+    def log(self) -> Logger:
+        """Twisted's ``Logger`` bound to this link, as a class attribute ``Logger()``
+        gives it: the namespace of the link's class, the link its source.  (A property:
+        compiled, a native class makes ``log = Logger()`` each instance's own, named
+        after whatever called it.)"""
+        return _LOG.__get__(self, type(self))
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         self.host = host
