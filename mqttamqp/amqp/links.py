@@ -25,7 +25,7 @@ made on first use (``bench/linkmem.py`` measures it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from proton import Delivery, Link
 from twisted.logger import Logger
@@ -97,8 +97,6 @@ def rcv_mode_name(mode: int) -> str:
     return "second" if mode == Link.RCV_SECOND else "first"
 
 
-_LOG = Logger()   # (``BrokerLink.log``)
-
 class LinkHost(Protocol):
     """What a link needs from its AMQP connection (``endpoints.SessionsAndLinks``)."""
 
@@ -162,15 +160,10 @@ class BrokerLink:
         "name",
         "plink",
     )
+    # ClassVar: Twisted's descriptor binds it to the link (compiled, a plain
+    # ``log = Logger()`` in a native class would be each instance's own, unbound)
+    log: ClassVar[Logger] = Logger()
     role = ""                            # "sender" or "receiver", from the broker's side
-
-    @property
-    def log(self) -> Logger:
-        """Twisted's ``Logger`` bound to this link, as a class attribute ``Logger()``
-        gives it: the namespace of the link's class, the link its source.  (A property:
-        compiled, a native class makes ``log = Logger()`` each instance's own, named
-        after whatever called it.)"""
-        return _LOG.__get__(self, type(self))
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         self.host = host
