@@ -46,7 +46,7 @@ core/clients/live.py core/clients/registry.py security/bans.py archive/archive.p
 archive/eventbuffer.py
 amqp/links.py amqp/incoming.py amqp/publisher.py amqp/subscribers.py amqp/queuelinks.py
 amqp/transactions.py amqp/codec/publish.py amqp/codec/encode.py
-amqp/pump.py amqp/enginechores.py
+amqp/pump.py amqp/enginechores.py net/rawproton.py
 """.split()
 
 
