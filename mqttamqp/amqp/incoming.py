@@ -11,7 +11,7 @@ or pump the engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from proton import Condition, Delivery, Link
 from twisted.internet.defer import Deferred
@@ -83,7 +83,9 @@ class IncomingLink(BrokerLink):
         "window",
     )
     role = "receiver"
-    max_window = 100   # the most credit the peer holds at a time
+    # (ClassVar: read from the class, so that services' interpreted subclasses, which
+    # set 20, are honoured compiled)
+    max_window: ClassVar[int] = 100   # the most credit the peer holds at a time
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)

@@ -236,7 +236,7 @@ class OutgoingLink(BrokerLink):
     role = "sender"
     # What a delivery settled without an outcome counts as (AMQP 1.0 §3.5.3): 0, no
     # state, consumed (Accepted); ``SessionOutlet`` has ``DEFAULT_OUTCOME``.
-    default_outcome = 0
+    default_outcome: ClassVar[int] = 0
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)

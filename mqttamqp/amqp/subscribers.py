@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
 from twisted.python.failure import Failure
 
@@ -403,7 +403,7 @@ class SessionOutlet(_SessionLink):
     __slots__ = ("_pubrel_retries", "active", "client_id", "opening")
     # The gateway contract (issue #29): an FE that settles without an outcome has not
     # delivered the message to its client, so it is sent again (bounded, ``outcome``).
-    default_outcome: int = DEFAULT_OUTCOME
+    default_outcome: ClassVar[int] = DEFAULT_OUTCOME
 
     def __init__(self, host: OutletHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)

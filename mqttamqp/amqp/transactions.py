@@ -367,14 +367,10 @@ class Coordinator(IncomingLink):
             self._declare(dlv)
         elif body.descriptor in _DISCHARGE:
             fields = body.value
-            txn = fields[0] if fields else None
-            # (apart: compiled, ``bytes()`` of a ``bytes | memoryview`` left a memoryview)
-            tid: bytes | None = None
-            if isinstance(txn, memoryview):
-                tid = txn.tobytes()
-            elif isinstance(txn, bytes):
-                tid = bytes(txn)
-            self._discharge(dlv, tid, bool(fields[1]) if len(fields) > 1 else False)
+            # (Any: proton's annotation says binary is bytes, it gives a memoryview)
+            txn: Any = fields[0] if fields else None
+            self._discharge(dlv, bytes(txn) if isinstance(txn, (bytes, memoryview))
+                            else None, bool(fields[1]) if len(fields) > 1 else False)
         else:
             self.reject(dlv, DECODE_ERROR, f"unknown coordinator message {body.descriptor!r}")
 
