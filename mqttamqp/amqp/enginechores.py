@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import decref, free_link, incref, lib, output, tick
 
 __all__ = ["EngineChores"]
@@ -47,6 +48,7 @@ _session_free = lib.pn_session_free
 HELD_SESSIONS_LOGGED = 64
 
 
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)   # (``EnginePump``'s mixin)
 class EngineChores:
     """The end-of-pump steps of a proton engine; the class mixing it in holds the
     engine and says how bytes are written and what a closed output means."""

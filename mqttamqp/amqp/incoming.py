@@ -11,7 +11,7 @@ or pump the engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from proton import Condition, Delivery, Link
 from twisted.internet.defer import Deferred
@@ -30,6 +30,7 @@ from mqttamqp.amqp.links import (
 )
 from mqttamqp.core.message import MessageProperties
 from mqttamqp.core.sessions.flow import Congestible
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import (
     decref,
     delivery_aborted,
@@ -65,6 +66,7 @@ def message_properties(props: Mqtt5Props | None, payload: bytes | None
     return MessageProperties(*props)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)   # (services' links are not compiled)
 class IncomingLink(BrokerLink):
     """A link the peer sends on.  Subclasses implement ``on_message``."""
 
@@ -81,7 +83,9 @@ class IncomingLink(BrokerLink):
         "window",
     )
     role = "receiver"
-    max_window = 100   # the most credit the peer holds at a time
+    # (ClassVar: read from the class, so that services' interpreted subclasses, which
+    # set 20, are honoured compiled)
+    max_window: ClassVar[int] = 100   # the most credit the peer holds at a time
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
@@ -130,7 +134,10 @@ class IncomingLink(BrokerLink):
         if owed >= self._refill or owed >= self.window - self.outstanding:
             self.top_up()
 
-    answered = _answered   # (a transaction's answer, ``transactions``)
+    def answered(self) -> None:
+        """``_answered``, for a transaction's answer (``transactions``).  (A method,
+        not an alias in the class body: mypyc's native classes take none.)"""
+        self._answered()
 
     def on_flow(self) -> None:
         """The peer's flow frame on this link (it may have used up credit in a

@@ -25,7 +25,7 @@ made on first use (``bench/linkmem.py`` measures it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from proton import Delivery, Link
 from twisted.logger import Logger
@@ -39,6 +39,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.transactions import Transaction
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import (
     close_with,
     condition,
@@ -144,6 +145,7 @@ class LinkHost(Protocol):
     def release_will(self, link: BrokerLink) -> bool: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)   # (services' links are not compiled)
 class BrokerLink:
     """One attached link and what it is for."""
 
@@ -158,7 +160,9 @@ class BrokerLink:
         "name",
         "plink",
     )
-    log = Logger()
+    # ClassVar: Twisted's descriptor binds it to the link (compiled, a plain
+    # ``log = Logger()`` in a native class would be each instance's own, unbound)
+    log: ClassVar[Logger] = Logger()
     role = ""                            # "sender" or "receiver", from the broker's side
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
@@ -232,7 +236,7 @@ class OutgoingLink(BrokerLink):
     role = "sender"
     # What a delivery settled without an outcome counts as (AMQP 1.0 §3.5.3): 0, no
     # state, consumed (Accepted); ``SessionOutlet`` has ``DEFAULT_OUTCOME``.
-    default_outcome = 0
+    default_outcome: ClassVar[int] = 0
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)

@@ -267,7 +267,10 @@ class TopicPublisher(IncomingLink):
         if self._throttle is not None:
             self._throttle.charge(len(routed.payload))
 
-    routed = _routed   # (a transaction's publish at commit, ``transactions``)
+    def routed(self, result: Published, routed: Message) -> None:
+        """``_routed``, for a transaction's publish at commit (``transactions``).  (A
+        method, not an alias in the class body: mypyc's native classes take none.)"""
+        self._routed(result, routed)
 
     def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
         """The topic a message with ``to`` goes to, and whether it is a durable

@@ -37,6 +37,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
+from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import delivery_link, event_delivery, lib, next_event, pop_event
 from mqttamqp.net.tcp import send
 
@@ -56,6 +57,24 @@ class ConnectionState(Enum):
 _CLOSED = ConnectionState.CLOSED
 
 
+def _frame_tracer(log: Any, c: str, peer: str) -> Callable[[Any, str], None]:
+    """Proton's frame tracer for ``EnginePump.start_debug``: each frame logged, up to
+    ``MAX_DEBUG_LINES`` a window.  (A function of the module's: mypyc 2.4.1 fails on a
+    closure in a method of a class that is not native.)"""
+    budget = LineBudget()
+
+    def trace(_transport: Any, frame: str) -> None:
+        if budget.take():
+            log.info("debug {c} ({peer}): {frame}", c=c, peer=peer, frame=frame[:300])
+        elif budget.left == -1:
+            log.info("debug {c} ({peer}): {n} lines logged, the most for one "
+                     "window; no more", c=c, peer=peer, n=MAX_DEBUG_LINES)
+    return trace
+
+
+# (not a native class: Twisted's ``Protocol`` is its base, and ``endpoints``' classes,
+# not compiled, subclass it)
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 @implementer(IPushProducer)
 
 
@@ -333,17 +352,8 @@ class EnginePump(EngineChores, Protocol):
         if self._debug_timer is not None and self._debug_timer.active():
             self._debug_timer.cancel()
         else:
-            log, c, peer = self.log, self.container_id, self.peer
-            budget = LineBudget()
-
-            def trace(_transport: Any, frame: str) -> None:
-                if budget.take():
-                    log.info("debug {c} ({peer}): {frame}", c=c, peer=peer,
-                             frame=frame[:300])
-                elif budget.left == -1:
-                    log.info("debug {c} ({peer}): {n} lines logged, the most for one "
-                             "window; no more", c=c, peer=peer, n=MAX_DEBUG_LINES)
-            ptrans.tracer = trace
+            c, peer = self.container_id, self.peer
+            ptrans.tracer = _frame_tracer(self.log, c, peer)
             ptrans.trace(Transport.TRACE_FRM)
             self.log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=c, peer=peer,
                           s=until - self.clock.seconds())

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from twisted.python.failure import Failure
 
@@ -401,10 +401,9 @@ class SessionOutlet(_SessionLink):
     """A receiver on ``$mqtt.to.<id>.publish``: the session of that client id."""
 
     __slots__ = ("_pubrel_retries", "active", "client_id", "opening")
-    host: OutletHost
     # The gateway contract (issue #29): an FE that settles without an outcome has not
     # delivered the message to its client, so it is sent again (bounded, ``outcome``).
-    default_outcome = DEFAULT_OUTCOME
+    default_outcome: ClassVar[int] = DEFAULT_OUTCOME
 
     def __init__(self, host: OutletHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)
@@ -464,7 +463,7 @@ class SessionOutlet(_SessionLink):
             self.broker.rejected(session, key, reason)
 
     def start(self) -> None:
-        self.host.requests.publish_attached(self)
+        cast(OutletHost, self.host).requests.publish_attached(self)
 
     def open_session(self, clean: bool) -> None:
         """Claim the session (taking it over from whoever holds it), then deliver."""
@@ -513,7 +512,7 @@ class SessionOutlet(_SessionLink):
         self._awaiting = None
 
     def ended(self, brute: bool, reason: str) -> None:
-        self.host.requests.publish_detached(self)
+        cast(OutletHost, self.host).requests.publish_detached(self)
         session, self.session = self.session, None
         if session is not None:
             self.broker.end_session(self, session, clean=False, reason=reason)

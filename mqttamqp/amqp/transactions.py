@@ -367,7 +367,8 @@ class Coordinator(IncomingLink):
             self._declare(dlv)
         elif body.descriptor in _DISCHARGE:
             fields = body.value
-            txn = fields[0] if fields else None
+            # (Any: proton's annotation says binary is bytes, it gives a memoryview)
+            txn: Any = fields[0] if fields else None
             self._discharge(dlv, bytes(txn) if isinstance(txn, (bytes, memoryview))
                             else None, bool(fields[1]) if len(fields) > 1 else False)
         else:

@@ -249,7 +249,9 @@ def encode_control(subject: str, *, correlation_id: Any = None, message_id: Any 
     """A control message (AMQP_SUBSCRIPTIONS, AMQP_PUBREL) with an AmqpValue body."""
     from proton import Message
 
-    msg = Message(subject=subject, durable=durable)
+    # (Any: proton's stubs say ``encode`` returns bytes, it returns a bytearray, and
+    # compiled code checks the declared type of what a call returns)
+    msg: Any = Message(subject=subject, durable=durable)
     if correlation_id is not None:
         msg.correlation_id = correlation_id
     if message_id is not None:

@@ -163,3 +163,14 @@ def test_credit_lowered_in_the_read_that_brings_messages_bounds_what_waits() -> 
     # Past the credit: the first two wait (up to the 1000-byte bound), two dropped.
     assert net.broker.registry.drops.dropped_total() - dropped == 2
     assert receiver.new() == []
+
+
+def test_a_service_links_window_is_its_own() -> None:
+    """The service links' credit window (``services._ServiceLink.max_window``, 20) is
+    honoured in the compiled build too, where a native class's plain attribute would
+    be read from the instance and the interpreted subclass's value never seen."""
+    net = Net()
+    peer = net.amqp("svc")
+    assert peer.sender("$mqtt.subscriptionservice").credit == 20
+    assert peer.sender("$mqtt.willservice").credit == 20
+    assert peer.sender("credit/t").credit == WINDOW

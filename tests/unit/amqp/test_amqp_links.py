@@ -368,3 +368,22 @@ def test_the_count_is_what_the_engines_hold_through_random_churn(seed: int) -> N
         if not peer.lost:
             peer.close()
     assert net.broker.stats.amqp_links == 0
+
+
+def test_a_links_logger_is_bound_to_the_link_and_named_after_its_class() -> None:
+    """Its ``log`` as a class attribute ``Logger()`` gives it in pure Python: the
+    namespace of the link's class, the link as the source (compiled, a native class's
+    ``log = Logger()`` was each instance's own, named after its caller, no source)."""
+    from mqttamqp.amqp.links import OutgoingLink
+
+    class Host:
+        broker = None
+
+    class PLink:
+        _impl = None
+        name = "n"
+        snd_settle_mode = 0
+
+    link = OutgoingLink(Host(), PLink(), "a")   # type: ignore[arg-type]
+    assert link.log.namespace == "mqttamqp.amqp.links.OutgoingLink"
+    assert link.log.source is link
