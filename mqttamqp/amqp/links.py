@@ -87,8 +87,6 @@ PRECONDITION_FAILED = "amqp:precondition-failed"
 NOT_ALLOWED = "amqp:not-allowed"
 
 
-
-
 def settle_mode_name(mode: int) -> str:
     return {Link.SND_UNSETTLED: "unsettled", Link.SND_SETTLED: "settled"}.get(mode, "mixed")
 

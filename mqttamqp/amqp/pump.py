@@ -76,8 +76,6 @@ def _frame_tracer(log: Any, c: str, peer: str) -> Callable[[Any, str], None]:
 # not compiled, subclass it)
 @mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 @implementer(IPushProducer)
-
-
 class EnginePump(EngineChores, Protocol):
     """A connection's engine and socket; subclasses say what its events mean (the
     end-of-pump chores, timers, output and freeing, are ``EngineChores``')."""
