@@ -13,7 +13,7 @@ of a reactor turn (``Limits.mqtt_turn``) is used up while others wait
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
@@ -27,12 +27,12 @@ from mqttamqp.net.tcp import others_waiting, plain_tcp
 
 __all__ = ["NOT_PAUSED", "SINGLE_PUBLISH", "InputPump"]
 
-_CONNECTED = ConnectionState.CONNECTED
-_AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
+_CONNECTED: Final = ConnectionState.CONNECTED
+_AWAITING_CONNECT: Final = ConnectionState.AWAITING_CONNECT
 NOT_PAUSED: frozenset[str] = frozenset()   # (one, shared)
 # Reading paused for these, what was read is not handled either (``_process``).
-_HOLD_INPUT = frozenset({"congestion", "turn"})
-_RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is used up
+_HOLD_INPUT: Final = frozenset({"congestion", "turn"})
+_RECHECK: Final = 0.001   # seconds between "do others wait?" once a turn's share is used up
 #: The connection whose read is exactly one PUBLISH while that read is handled, else
 #: None.  What it routes to another connection holding nothing for this batch is sent
 #: at once (``MQTTProtocol._emit``): one frame either way, but ahead of the rest of the
@@ -42,7 +42,7 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 #: output, every read of more than one packet, and a read handled inside a batch
 #: already open (the frames of a WebSocket read of several: ``websocket.py`` opens
 #: one batch for such a socket read) wait for the batch's end.
-SINGLE_PUBLISH: list[Any] = [None]
+SINGLE_PUBLISH: Final[list[Any]] = [None]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
