@@ -505,6 +505,7 @@ class MQTTProtocol(ConnectHandshake):
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
+    _plain_publish: ClassVar[Callable[[MQTTProtocol, Any], None]] = ConnectedFlows._on_publish
 
 
 # (not ``@implementer``: a class decorator other than mypyc's would make the class

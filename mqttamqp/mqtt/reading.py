@@ -13,7 +13,7 @@ of a reactor turn (``Limits.mqtt_turn``) is used up while others wait
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
@@ -21,6 +21,7 @@ from mqttamqp.mqtt.codec import MalformedPacket
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.inspect import ConnectionView
+from mqttamqp.mqtt.packets import Publish
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.native import NO_SLOTS, mypyc_attr
 from mqttamqp.net.tcp import others_waiting, plain_tcp
@@ -80,6 +81,7 @@ class InputPump(ConnectionView):
     def _process(self, now: float = 0.0) -> None:
         decoder = self.decoder
         connected = self._connected_handlers
+        on_publish = type(self)._plain_publish   # (the function itself, not bound)
         turn = self.limits.mqtt_turn
         seconds = self.clock.seconds
         until = (now or seconds()) + turn if turn else 0.0
@@ -117,7 +119,11 @@ class InputPump(ConnectionView):
                 # Connected, the table holds exactly what a client may send; anything
                 # else (and anything before CONNECT) the rules explain.
                 handler = connected.get(type(packet)) if state is _CONNECTED else None
-                if handler is not None:
+                if handler is on_publish:
+                    # (the table's own: a direct call, not through the table's entry
+                    # with its arguments checked, every PUBLISH)
+                    self._on_publish(cast(Publish, packet))
+                elif handler is not None:
                     handler(self, packet)
                 else:
                     problem = self.check(packet)
