@@ -96,13 +96,16 @@ class ConnectedFlows(ActionExecutor):
         identity = self.identity
         if identity is None:
             identity = self._identified()
-        # (``Publishing.publish`` called positionally: wait, counted, count_drops, early)
+        # (``Broker.publish`` is ``Publishing.publish``: called on the part, a direct
+        # call in the compiled build, not a lookup of the port's attribute by name and
+        # a call with its arguments checked; positionally: wait, counted, count_drops,
+        # early)
         if qos == 0:
-            result = broker.publish(message, identity, False)
+            result = broker.publishing.publish(message, identity, False)
         elif qos == 1:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish(message, identity, True, True, False, True)
+            result = broker.publishing.publish(message, identity, True, True, False, True)
             self._acknowledge(PUBACK, pid, result.waiter or result.durable)
         else:
             pid = packet.packet_id
