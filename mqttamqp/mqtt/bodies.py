@@ -7,6 +7,7 @@ type; PUBLISH, the hot one, it decodes inline.  Pure, like the rest of the codec
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from .bodies5 import (
     decode5_auth,
@@ -261,7 +262,7 @@ BodyDecoder = Callable[[Buffer, int, int, int, int, PropertyLimits], Packet]
 # The body decoders by packet type, for ``codec.Decoder`` (PUBLISH, 3, it decodes
 # inline in ``Decoder.next_packet``).
 
-BODY_DECODERS: tuple[BodyDecoder, ...] = (
+BODY_DECODERS: Final[tuple[BodyDecoder, ...]] = (
     unreachable,
     decode_connect,
     decode_connack,
@@ -280,7 +281,7 @@ BODY_DECODERS: tuple[BodyDecoder, ...] = (
     unreachable,
 )
 
-BODY_DECODERS_5: tuple[BodyDecoder, ...] = (
+BODY_DECODERS_5: Final[tuple[BodyDecoder, ...]] = (
     unreachable,
     decode_connect,
     decode5_connack,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import Final
 
 from .bodies import BODY_DECODERS, BODY_DECODERS_5
 from .fields import QUEUE_NAMESPACES, Buffer, MalformedPacket, long_remaining_length
@@ -132,10 +133,8 @@ def _header_error(first: int, level: int) -> str | None:
 _HEADER_ERRORS_31 = tuple(_header_error(b, 3) for b in range(256))
 _HEADER_ERRORS_311 = tuple(_header_error(b, 4) for b in range(256))
 _HEADER_ERRORS_5 = tuple(_header_error(b, 5) for b in range(256))
-
-
 # Packet types only a server sends: CONNACK, SUBACK, UNSUBACK, PINGRESP.
-_SERVER_SENT = frozenset({2, 9, 11, 13})
+_SERVER_SENT: Final = frozenset({2, 9, 11, 13})
 
 
 def _header_errors(level: int) -> tuple[str | None, ...]:

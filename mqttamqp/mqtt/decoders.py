@@ -16,13 +16,15 @@ know about sockets and connection states (``protocol`` lends and takes back).
 
 from __future__ import annotations
 
+from typing import Final
+
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits
 
 __all__ = ["IDLE", "SpareDecoders"]
 
 #: The decoder of a connection with nothing buffered: never fed (``dataReceived``
 #: borrows a real one first), so ``next_packet`` is None and ``buffered`` 0.
-IDLE = Decoder(server=True)
+IDLE: Final = Decoder(server=True)
 
 # The protocol level of each version label of a connection ("": no CONNECT yet,
 # read with the MQTT 3.1.1 rules until CONNECT says otherwise).

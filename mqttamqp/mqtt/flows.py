@@ -18,6 +18,7 @@ from functools import partial
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
+from mqttamqp.core.routing.published import ROUTED
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import PUBACK, PUBREC, PUBREC_OPENS, Close
@@ -83,7 +84,8 @@ class ConnectedFlows(ActionExecutor):
             if why is not None:
                 self._carry_out(Close(why))
                 return
-        message = Message(topic, packet.payload, packet.qos, packet.retain,
+        qos = packet.qos   # (a record's fields read once each: by name, compiled)
+        message = Message(topic, packet.payload, qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
         wire = packet.wire
         if wire is not None:   # (its 3.1.1 QoS 0 frame: sent as it came, not encoded)
@@ -94,14 +96,16 @@ class ConnectedFlows(ActionExecutor):
         identity = self.identity
         if identity is None:
             identity = self._identified()
-        qos = packet.qos
-        # (``Publishing.publish`` called positionally: wait, counted, count_drops, early)
+        # (``Broker.publish`` is ``Publishing.publish``: called on the part, a direct
+        # call in the compiled build, not a lookup of the port's attribute by name and
+        # a call with its arguments checked; positionally: wait, counted, count_drops,
+        # early)
         if qos == 0:
-            result = broker.publish(message, identity, False)
+            result = broker.publishing.publish(message, identity, False)
         elif qos == 1:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish(message, identity, True, True, False, True)
+            result = broker.publishing.publish(message, identity, True, True, False, True)
             self._acknowledge(PUBACK, pid, result.waiter or result.durable)
         else:
             pid = packet.packet_id
@@ -113,8 +117,10 @@ class ConnectedFlows(ActionExecutor):
                 self._acknowledge(PUBREC, pid, result.durable)
             else:
                 self._acknowledge(PUBREC_OPENS, pid, result.durable, gate.open)
-        if result.blocked or result.congested or self._throttle is not None:
-            # (``_after_publish`` has nothing to do otherwise: no call per publish)
+        if ((result is not ROUTED and (result.blocked or result.congested))
+                or self._throttle is not None):
+            # (``_after_publish`` has nothing to do otherwise: no call per publish;
+            # ``ROUTED``, most QoS 0 publishes, is neither, and its fields not read)
             self._after_publish(session, result, len(packet.payload))
 
     def _on_publish5(self, v5: Negotiated, session: Session, packet: Publish) -> None:

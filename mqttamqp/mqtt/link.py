@@ -47,7 +47,7 @@ from mqttamqp.mqtt.connection import (
 from mqttamqp.mqtt.deadlines import Deadlines
 from mqttamqp.mqtt.decoders import SpareDecoders
 from mqttamqp.mqtt.opened import OpenConnections
-from mqttamqp.mqtt.packets import ReasonCode
+from mqttamqp.mqtt.packets import Publish, ReasonCode
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.native import NO_SLOTS, mypyc_attr
@@ -120,6 +120,9 @@ class MQTTLink(ConnectionRules):
     bytes_out: int
     _handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
     _connected_handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
+    # The class's own PUBLISH handler: ``_process`` calls ``_on_publish`` directly
+    # when the table holds it (not the debug log's, which wraps each handler).
+    _plain_publish: ClassVar[Callable[[Any, Any], None]]
 
     # What one part calls of another declared as methods (not ``Callable``
     # attributes): in the compiled build the parts are one chain of native classes
@@ -146,6 +149,9 @@ class MQTTLink(ConnectionRules):
         raise NotImplementedError
 
     def _process(self, now: float = 0.0) -> None:
+        raise NotImplementedError
+
+    def _on_publish(self, packet: Publish) -> None:
         raise NotImplementedError
 
     def _cancel_timers(self) -> None:

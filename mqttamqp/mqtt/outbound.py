@@ -14,7 +14,7 @@ touch a transport, a timer, a log or the broker.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from mqttamqp.core.message import Message
 from mqttamqp.mqtt.codec import encode_properties, encode_publish
@@ -26,9 +26,9 @@ __all__ = ["QOS0_FRAME", "QOS0_FRAME5", "publish5"]
 #: frame).  Fan-out sends the same message to many subscribers in a row: encoded
 #: once (``protocol.MQTTProtocol.send_publish``); a 3.1.1 PUBLISH whose bytes are
 #: that frame puts them here before it is routed (``flows``): not encoded at all.
-QOS0_FRAME: list[Any] = [None, False, b""]
+QOS0_FRAME: Final[list[Any]] = [None, False, b""]
 #: The same for MQTT 5 subscribers without properties (``send_publish``).
-QOS0_FRAME5: list[Any] = [None, False, b""]
+QOS0_FRAME5: Final[list[Any]] = [None, False, b""]
 
 
 def publish5(v5: Negotiated, message: Message, qos: int, packet_id: int | None, dup: bool,

@@ -39,7 +39,7 @@ negotiated, and the rules that need it, live in ``v5``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer
 from twisted.internet.protocol import Factory
@@ -98,11 +98,11 @@ from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
-_CLOSED = ConnectionState.CLOSED
+_CLOSED: Final = ConnectionState.CLOSED
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
-OUTPUT_BATCH_BYTES = 64 * 1024
-_NO_PROPERTIES = b"\x00"
+OUTPUT_BATCH_BYTES: Final = 64 * 1024
+_NO_PROPERTIES: Final = b"\x00"
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -505,6 +505,7 @@ class MQTTProtocol(ConnectHandshake):
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
+    _plain_publish: ClassVar[Callable[[MQTTProtocol, Any], None]] = ConnectedFlows._on_publish
 
 
 # (not ``@implementer``: a class decorator other than mypyc's would make the class

@@ -13,7 +13,7 @@ of a reactor turn (``Limits.mqtt_turn``) is used up while others wait
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final, cast
 
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
@@ -21,18 +21,19 @@ from mqttamqp.mqtt.codec import MalformedPacket
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.inspect import ConnectionView
+from mqttamqp.mqtt.packets import Publish
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.native import NO_SLOTS, mypyc_attr
 from mqttamqp.net.tcp import others_waiting, plain_tcp
 
 __all__ = ["NOT_PAUSED", "SINGLE_PUBLISH", "InputPump"]
 
-_CONNECTED = ConnectionState.CONNECTED
-_AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
+_CONNECTED: Final = ConnectionState.CONNECTED
+_AWAITING_CONNECT: Final = ConnectionState.AWAITING_CONNECT
 NOT_PAUSED: frozenset[str] = frozenset()   # (one, shared)
 # Reading paused for these, what was read is not handled either (``_process``).
-_HOLD_INPUT = frozenset({"congestion", "turn"})
-_RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is used up
+_HOLD_INPUT: Final = frozenset({"congestion", "turn"})
+_RECHECK: Final = 0.001   # seconds between "do others wait?" once a turn's share is used up
 #: The connection whose read is exactly one PUBLISH while that read is handled, else
 #: None.  What it routes to another connection holding nothing for this batch is sent
 #: at once (``MQTTProtocol._emit``): one frame either way, but ahead of the rest of the
@@ -42,7 +43,7 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 #: output, every read of more than one packet, and a read handled inside a batch
 #: already open (the frames of a WebSocket read of several: ``websocket.py`` opens
 #: one batch for such a socket read) wait for the batch's end.
-SINGLE_PUBLISH: list[Any] = [None]
+SINGLE_PUBLISH: Final[list[Any]] = [None]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -80,6 +81,7 @@ class InputPump(ConnectionView):
     def _process(self, now: float = 0.0) -> None:
         decoder = self.decoder
         connected = self._connected_handlers
+        on_publish = type(self)._plain_publish   # (the function itself, not bound)
         turn = self.limits.mqtt_turn
         seconds = self.clock.seconds
         until = (now or seconds()) + turn if turn else 0.0
@@ -117,7 +119,11 @@ class InputPump(ConnectionView):
                 # Connected, the table holds exactly what a client may send; anything
                 # else (and anything before CONNECT) the rules explain.
                 handler = connected.get(type(packet)) if state is _CONNECTED else None
-                if handler is not None:
+                if handler is on_publish:
+                    # (the table's own: a direct call, not through the table's entry
+                    # with its arguments checked, every PUBLISH)
+                    self._on_publish(cast(Publish, packet))
+                elif handler is not None:
                     handler(self, packet)
                 else:
                     problem = self.check(packet)

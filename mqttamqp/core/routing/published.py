@@ -9,6 +9,7 @@ deliveries: they may go out).  What it must not do: route.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -21,7 +22,7 @@ from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.records import record
 
-__all__ = ["Gate", "Published", "SUBSCRIBE_FAILURE", "release_held"]
+__all__ = ["Gate", "Published", "ROUTED", "SUBSCRIBE_FAILURE", "release_held"]
 
 SUBSCRIBE_FAILURE = 0x80
 
@@ -120,6 +121,12 @@ class Published:
     refusal: Refusal | None = None
     blocked: bool = False
     waiter: CommitRound | None = None
+
+
+#: Routed, nothing to wait for, nobody congested, nothing dropped: the one answer
+#: ``Router.publish`` gives every such publish (most QoS 0 ones), so that callers
+#: can tell it by identity, without reading its fields.
+ROUTED: Final = Published()
 
 
 def release_held(result: object, held: list[tuple[Session, int]]) -> object:

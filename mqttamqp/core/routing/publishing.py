@@ -28,7 +28,7 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op
 from mqttamqp.core.queues.addresses import QueueAddress, Refusal, is_command
 from mqttamqp.core.queues.manager import QueueManager
-from mqttamqp.core.routing.published import Published
+from mqttamqp.core.routing.published import ROUTED, Published
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
 from mqttamqp.core.sessions.session import Session
@@ -74,18 +74,20 @@ class Publishing:
         if queue is not None and is_command(queue, topic):
             return self._queue_command(message, identity, queue)
         # (positional: extra_ops, counted, hold, count_drops, queue, early)
+        exchange = self.topic_exchange
         result = self._router.publish(message, identity, (), counted, False, count_drops,
-                                      queue, early and self.topic_exchange is None)
-        if self.topic_exchange is not None and queue is None and not result.denied:
+                                      queue, early and exchange is None)
+        routed = result is ROUTED and exchange is None   # (its fields known: not read)
+        if exchange is not None and queue is None and not result.denied:
             result = self._bound(message, result)
-        if counted and not result.denied:
+        if counted and (routed or not result.denied):
             counts = self._topic_counts   # (``TopicStats.note`` for a known topic)
             n = counts.get(topic)
             if n is not None:
                 counts[topic] = n + 1
             else:
                 self.topic_stats.note(topic)
-        if wait or result.durable is None:
+        if routed or wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")
         return Published(None, result.congested, result.denied, blocked=result.blocked)

@@ -42,6 +42,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import Recorder, records
 from mqttamqp.core.routing.groups import SharedGroups
 from mqttamqp.core.routing.published import (
+    ROUTED,
     Gate,
     Published,
     release_held,
@@ -60,7 +61,6 @@ __all__ = ["Router"]
 
 
 _NO_SESSIONS: tuple[Session, ...] = ()
-_ROUTED = Published()
 
 
 class Router(Subscriptions):
@@ -102,7 +102,7 @@ class Router(Subscriptions):
         self.retained = self.retained_feed.retained
         self._replays = self.retained_feed.by_session   # (read on retained publishes)
         # The last early answer (``publish``): the plain publishes of one batch share it.
-        self._early_result = _ROUTED
+        self._early_result = ROUTED
 
     # -- publishing -----------------------------------------------------------
 
@@ -151,14 +151,17 @@ class Router(Subscriptions):
         Deferred is made for it.
         """
         commits = self.commits
+        # (the message's fields read once each: a record, each read is a lookup by
+        # name in the compiled build)
         topic = message.topic
+        msg_retain = message.retain
         authorizer = self.authorizer
         dollar = topic[:1] == "$"
         if identity is not None and (   # (``may_publish``, inline: every publish;
                 # anonymous access, ``AllowAll``, allows every topic without the call)
                 (dollar and is_sys_topic(topic))
                 or (type(authorizer) is not AllowAll
-                    and not authorizer.may_publish(identity, topic, message.retain))):
+                    and not authorizer.may_publish(identity, topic, msg_retain))):
             self._denied(identity, topic)
             return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
         if counted:  # the broker's own $SYS updates are not traffic
@@ -174,7 +177,7 @@ class Router(Subscriptions):
             return Published(appended, refusal=refusal,
                              blocked=refusal is None and self._queues.paused)
         ops: list[Op] = list(extra_ops)
-        if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
+        if msg_retain and not topic.startswith(DYNAMIC_PREFIX):
             self.retained_feed.keep(message, ops)
         other_ops = len(ops)
         # (the writer may hold the put of a QoS 1 entry sent at once over a commit or
@@ -205,7 +208,7 @@ class Router(Subscriptions):
         if self._shared:
             matches, share_of, dropped, congested, kept = self.groups.add(
                 message, matches, gate)
-        replaying = message.retain and bool(self._replays)
+        replaying = msg_retain and bool(self._replays)
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
             retain = False
@@ -242,7 +245,7 @@ class Router(Subscriptions):
             elif replaying and session in self._replays:
                 # (it has this topic's retained message now: not again from a replay)
                 for replay in self._replays[session]:
-                    replay.owed.discard(message.topic)
+                    replay.owed.discard(topic)
             if session.expired_ops:   # expired messages made room (MQTT 5)
                 ops.extend(session.take_expired_ops())
             if entry is not None and share_of is not None:
@@ -275,7 +278,7 @@ class Router(Subscriptions):
                     congested.append(session)
         if recording:
             self.recorder.message(
-                message.timestamp, message.topic, msg_qos, message.retain, message.payload,
+                message.timestamp, topic, msg_qos, msg_retain, message.payload,
                 message.publisher, identity.username if identity is not None else None,
                 (identity.protocol or None) if identity is not None else None,
                 len(matches) - dropped,
@@ -304,7 +307,7 @@ class Router(Subscriptions):
         if d is None:
             if dropped:
                 return Published(None, congested or _NO_SESSIONS, dropped=dropped)
-            return _ROUTED if congested is None else Published(None, congested)
+            return ROUTED if congested is None else Published(None, congested)
         if held:
             # Only once stored: a QoS 2 entry whose commit failed must not go out
             # (the publisher got no PUBREC and will send it again).

@@ -62,6 +62,9 @@ def test_a_debugged_connection_logs_its_packets_until_the_deadline(lines: list[s
     quiet.send(Pingreq())
     debug = [x for x in lines if x.startswith("debug ")]
     assert any(x.startswith("debug loud (") and ": in Subscribe(" in x for x in debug)
+    # (its PUBLISH too: ``_process`` calls ``_on_publish`` directly only for the plain
+    # class's own handler, never past the debug log's)
+    assert any(x.startswith("debug loud (") and ": in Publish(" in x for x in debug)
     assert any(": out SUBACK (5 bytes)" in x for x in debug)
     assert any(": out PUBLISH" in x for x in debug)
     assert not any("quiet" in x for x in debug)
