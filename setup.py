@@ -47,6 +47,7 @@ archive/eventbuffer.py
 amqp/links.py amqp/incoming.py amqp/publisher.py amqp/subscribers.py amqp/queuelinks.py
 amqp/transactions.py amqp/codec/publish.py amqp/codec/encode.py
 amqp/pump.py amqp/enginechores.py net/rawproton.py
+mqtt/fields.py
 """.split()
 
 
