@@ -28,6 +28,14 @@ __all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll",
            "Ban", "Bans", "ConnectLimiter", "PublishLimiter", "Guards", "NoBans"]
 
 
+# Both are frozen dataclasses with their own ``__init__`` (the decorator keeps a
+# class's own): ``object.__setattr__(self, name, value)`` is what the generated
+# one does in pure Python, and compiled (mypyc) it is a store into the native
+# object's field, where the generated ``__init__`` was a Python function calling
+# ``object.__setattr__`` through the frozen class's checks, a field at a time
+# (~6,000 instructions a ``Credentials``, ~3,800 an ``Identity``: one each per MQTT
+# CONNECT; bench/README.md, "connect cost in the compiled build").
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     client_id: str
@@ -35,6 +43,14 @@ class Credentials:
     password: bytes | None
     protocol: str          # "mqtt" or "amqp"
     peer: str              # remote address, for logs and rules
+
+    def __init__(self, client_id: str, username: str | None, password: bytes | None,
+                 protocol: str, peer: str) -> None:
+        object.__setattr__(self, "client_id", client_id)
+        object.__setattr__(self, "username", username)
+        object.__setattr__(self, "password", password)
+        object.__setattr__(self, "protocol", protocol)
+        object.__setattr__(self, "peer", peer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +60,12 @@ class Identity:
     client_id: str
     username: str | None = None
     protocol: str = ""     # "mqtt3.1", "mqtt3.1.1" or "amqp" ("" for the broker's own)
+
+    def __init__(self, client_id: str, username: str | None = None,
+                 protocol: str = "") -> None:
+        object.__setattr__(self, "client_id", client_id)
+        object.__setattr__(self, "username", username)
+        object.__setattr__(self, "protocol", protocol)
 
 
 class Authenticator(Protocol):

@@ -109,6 +109,12 @@ _READ_OR_WRITE_NAMES = frozenset({
     "sys", "exc_info", "log", "err", "_disconnectSelectable"})
 #: The transports whose plain read events ``do_poll`` handles itself.
 _FAST_CLASSES = (tcp.Server, LeanServer, LeanServerNoDelay)
+#: What ``EPollReactor.addReader`` and ``_add`` read, in Twisted 26.10: the bodies
+#: ``add_reader`` (a connection ``LeanPort`` accepted starts reading) stands in for.
+_ADD_READER_NAMES = frozenset({
+    "EPERM", "EPOLLIN", "EPOLLOUT", "OSError", "_add", "_continuousPolling", "_reads",
+    "_selectables", "_writes", "addReader", "errno"})
+_ADD_NAMES = frozenset({"_poller", "add", "fileno", "modify", "register"})
 
 
 #: The names of Twisted 26.10's ``ReactorBase.mainLoop``, ``runUntilCurrent`` and
@@ -223,6 +229,17 @@ def _lean_main_loop(target: Any) -> Any:
     return main_loop
 
 
+def _known_add(reactor_class: Any) -> bool:
+    """Whether ``reactor_class.addReader`` and ``_add`` are ``EPollReactor``'s own
+    bodies of Twisted 26.10 (``add_reader`` stands in for them)."""
+    from twisted.internet.epollreactor import EPollReactor
+
+    return (reactor_class.addReader is EPollReactor.addReader
+            and reactor_class._add is EPollReactor._add
+            and _names(EPollReactor.addReader) == _ADD_READER_NAMES
+            and _names(EPollReactor._add) == _ADD_NAMES)
+
+
 def _known_body(reactor_class: Any) -> bool:
     """Whether ``reactor_class.doPoll`` is the body ``do_poll`` replaces (and
     ``doIteration`` is it, as both are replaced)."""
@@ -320,6 +337,67 @@ def lean_dispatch(reactor: Any) -> bool:
                 log.failure("handling an event of {selectable!r} failed",
                             selectable=selectable)
 
+    def read_accepted(selectable: Any, fd: int) -> None:
+        """A connection ``LeanPort`` has just accepted is read in the same turn
+        (``net.tcp``): for a fast class, ``do_poll``'s plain read (the same outcome,
+        without ``_doReadOrWrite``, ``doRead`` and ``_dataReceived``: three Python
+        calls a connect); any other through ``_doReadOrWrite``."""
+        if type(selectable) not in fast:
+            target._doReadOrWrite(selectable, fd, readable)
+            return
+        why: Any = None
+        in_read = False
+        try:
+            try:
+                data = selectable.socket.recv(selectable.bufferSize)
+            except OSError as se:
+                if se.args[0] != would_block:
+                    why = lost
+            else:
+                if data:
+                    selectable.protocol.dataReceived(data)
+                else:
+                    why = done
+            in_read = True
+        except BaseException as exc:
+            why = exc
+            legacy_log.err()
+        if why:
+            try:
+                target._disconnectSelectable(selectable, why, in_read)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                log.failure("handling an event of {selectable!r} failed",
+                            selectable=selectable)
+
+    def add_reader(selectable: Any, fd: int) -> None:
+        """``selectable.startReading()`` (``addReader``, ``_add``) for a connection
+        ``LeanPort`` has just accepted, whose descriptor is ``fd``: one Python call,
+        not three.  The same registration, the same order (epoll first, then the
+        reactor's own sets), the same fallback for a descriptor epoll refuses."""
+        reads = target._reads
+        if fd in reads:
+            return
+        try:
+            if fd in target._writes:
+                target._poller.modify(fd, epoll_in | epoll_out)
+            else:
+                target._poller.register(fd, epoll_in)
+        except OSError as e:
+            if e.errno != errno.EPERM:
+                raise
+            target._continuousPolling.addReader(selectable)
+            return
+        reads.add(fd)
+        target._selectables[fd] = selectable
+
+    if fast:
+        target._lean_read_accepted = read_accepted
+    if _known_add(type(reactor)):
+        from twisted.internet.epollreactor import EPOLLIN, EPOLLOUT
+        epoll_in, epoll_out = EPOLLIN, EPOLLOUT
+        target._lean_add_reader = add_reader
     target.doPoll = target.doIteration = do_poll
     if type(reactor).mainLoop is base.ReactorBase.mainLoop and _known_loop(type(reactor)):
         target.mainLoop = _lean_main_loop(target)

@@ -127,7 +127,13 @@ class LeanServer(Server):
         if own is None or own() is not server:
             self.server = server
         self.peer = f"{client[0]}:{client[1]}"
-        self.startReading()  # type: ignore[no-untyped-call]
+        # (``startReading``; under ``net.dispatch``'s lean dispatch without the
+        # three Python calls of ``startReading``, ``addReader`` and ``_add``)
+        add_reader = getattr(reactor, "_lean_add_reader", None)
+        if add_reader is None:
+            self.startReading()  # type: ignore[no-untyped-call]
+        else:
+            add_reader(self, sock.fileno())
 
     def logPrefix(self) -> str:
         """The protocol's log prefix, without the session number and host that
@@ -231,10 +237,6 @@ class LeanServerNoDelay(LeanServer):
     nodelay = True
 
 
-def _no_address(addr: Any) -> None:
-    return None
-
-
 class LeanPort(Port):
     """``tcp.Port`` for a protocol whose client speaks first (MQTT's CONNECT).
 
@@ -270,11 +272,14 @@ class LeanPort(Port):
         if read is None or readable is None or reads is None:
             Port.doRead(self)
             return
+        # (``net.dispatch``'s plain read, when the reactor has it: ``read`` less
+        # ``_doReadOrWrite``'s checks, ``doRead`` and ``_dataReceived``)
+        read_accepted = getattr(reactor, "_lean_read_accepted", None)
         listener: Any = self.socket
         accept = listener._accept
         family, kind, proto = listener.family, listener.type, listener.proto
         factory: Any = self.factory
-        address = self._buildAddr if getattr(factory, "wants_address", True) else _no_address
+        address: Any = self._buildAddr if getattr(factory, "wants_address", True) else None
         build = self.transport
         limit = self.numberAccepts
         accepted = 0
@@ -294,7 +299,7 @@ class LeanPort(Port):
                 # IPv6: the host with its scope id, as ``Port.doRead``
                 host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
                 addr = (host[0], *addr[1:])
-            protocol = factory.buildProtocol(address(addr))
+            protocol = factory.buildProtocol(None if address is None else address(addr))
             if protocol is None:
                 skt.close()
                 continue
@@ -303,7 +308,10 @@ class LeanPort(Port):
             transport: Any = build(skt, protocol, addr, self, session, reactor)
             protocol.makeConnection(transport)
             if fd in reads and transport.connected and not transport.disconnecting:
-                read(transport, fd, readable)
+                if read_accepted is None:
+                    read(transport, fd, readable)
+                else:
+                    read_accepted(transport, fd)
         # (Twisted's scaling of the accepts per turn)
         self.numberAccepts = limit + 20 if accepted == limit else max(1, accepted)
 

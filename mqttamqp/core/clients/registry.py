@@ -47,21 +47,30 @@ from mqttamqp.core.sessions.entries import ClientLink
 from mqttamqp.core.sessions.flow import FlowControl
 from mqttamqp.core.sessions.session import Session, SessionState
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.records import record
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5: a session expiry interval that means never
 
 __all__ = ["SessionRegistry", "Opened"]
 
 
-@record
 class Opened:
     """The result of claiming a session: the session, MQTT's session-present flag,
-    and the commit that must precede CONNACK (None: nothing to wait for)."""
+    and the commit that must precede CONNACK (None: nothing to wait for).  A value
+    nobody changes; a plain class rather than a ``@record``: compiled, a native one,
+    made without the record's Python ``__init__`` (once per MQTT CONNECT) and read by
+    its fields, not by name."""
 
-    session: Session
-    present: bool
-    durable: Deferred[None] | None
+    __slots__ = ("durable", "present", "session")
+
+    def __init__(self, session: Session, present: bool,
+                 durable: Deferred[None] | None) -> None:
+        self.session = session
+        self.present = present
+        self.durable = durable
+
+    def __repr__(self) -> str:
+        return (f"Opened(session={self.session!r}, present={self.present!r}, "
+                f"durable={self.durable!r})")
 
 
 class SessionRegistry:

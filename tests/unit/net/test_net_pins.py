@@ -78,6 +78,8 @@ def test_the_epoll_reactors_do_poll_is_the_body_lean_dispatch_replaces() -> None
     assert frozenset(EPollReactor.doPoll.__code__.co_names) == dispatch._DO_POLL_NAMES
     assert EPollReactor.doIteration is EPollReactor.doPoll
     assert dispatch._known_body(EPollReactor)
+    # (``add_reader``, for a connection a lean port accepted, stands in for these)
+    assert dispatch._known_add(EPollReactor)
 
 
 def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:

@@ -235,10 +235,16 @@ class _Recording(Protocol):
             raise RuntimeError("a protocol's bug")
 
 
-def _epoll_port(make: Any) -> tuple[Any, Port]:
-    """A lean port on a real epoll reactor that is never run: ``doRead`` by hand."""
+def _epoll_port(make: Any, lean: bool = False) -> tuple[Any, Port]:
+    """A lean port on a real epoll reactor that is never run: ``doRead`` by hand.
+    ``lean``: the reactor has ``net.dispatch``'s lean dispatch (as the broker's),
+    whose plain read and reader registration the port's accept loop then uses."""
     epollreactor = pytest.importorskip("twisted.internet.epollreactor")
     reactor = epollreactor.EPollReactor()
+    if lean:
+        from mqttamqp.net.dispatch import lean_dispatch
+        assert lean_dispatch(reactor)
+        assert callable(reactor._lean_read_accepted) and callable(reactor._lean_add_reader)
     port = Port(0, Factory.forProtocol(make), interface="127.0.0.1", reactor=reactor)
     port.startListening()
     lean_port(port)
@@ -279,12 +285,14 @@ def _accept_until(port: Port, done: Any) -> None:
             return
 
 
-def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts() -> None:
+@pytest.mark.parametrize("lean", [False, True], ids=["twisted", "lean_dispatch"])
+def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts(lean: bool) -> None:
     """A client speaks first: what it sent with its handshake reaches the protocol
     in the same ``doRead`` that accepted it, without another epoll round; a client
-    that sent nothing yet is accepted and watched for reading as usual."""
+    that sent nothing yet is accepted and watched for reading as usual (registered
+    with epoll: a later read event finds it)."""
     got: list[bytes] = []
-    reactor, port = _epoll_port(lambda: _Recording(got))
+    reactor, port = _epoll_port(lambda: _Recording(got), lean)
     talker = _connect(port, b"\x10\x0cCONNECT...")
     silent = _connect(port)
     try:
@@ -296,17 +304,25 @@ def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts() -> None:
         assert got == [b"\x10\x0cCONNECT..."]
         servers = [s for s in reactor._selectables.values() if isinstance(s, Server)]
         assert len(servers) == 2 and all(s.fileno() in reactor._reads for s in servers)
+        silent.sendall(b"later")
+        for _ in range(100):
+            reactor.doPoll(0.05)
+            if len(got) == 2:
+                break
+        assert got == [b"\x10\x0cCONNECT...", b"later"]
     finally:
         _stop(reactor, port, talker, silent)
 
 
-def test_lean_port_a_failing_first_read_closes_that_connection_only() -> None:
-    """The eager read is the reactor's own (``_doReadOrWrite``): a protocol that
-    raises on its first packet loses its connection, logged, and the next client is
-    still accepted and read."""
+@pytest.mark.parametrize("lean", [False, True], ids=["twisted", "lean_dispatch"])
+def test_lean_port_a_failing_first_read_closes_that_connection_only(lean: bool) -> None:
+    """The eager read is the reactor's own (``_doReadOrWrite``, or the lean
+    dispatch's plain read with its outcome): a protocol that raises on its first
+    packet loses its connection, logged, and the next client is still accepted and
+    read."""
     got: list[bytes] = []
     made = iter([True, False])
-    reactor, port = _epoll_port(lambda: _Recording(got, fail=next(made)))
+    reactor, port = _epoll_port(lambda: _Recording(got, fail=next(made)), lean)
     first = _connect(port, b"boom")
     try:
         _accept_until(port, lambda: got)
