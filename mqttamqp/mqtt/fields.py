@@ -36,9 +36,11 @@ def read_string(buf: Buffer, p: int, end: int, strict: bool, what: str) -> tuple
     if q > end:
         raise MalformedPacket(f"{what} runs past packet end")
     try:
-        s = buf[p + 2:q].decode("utf-8")
+        s: str | None = buf[p + 2:q].decode("utf-8")
     except UnicodeDecodeError:
-        raise MalformedPacket(f"{what} is not valid UTF-8") from None
+        s = None
+    if s is None:   # (raised outside the handler: compiled, ``from None`` keeps the context)
+        raise MalformedPacket(f"{what} is not valid UTF-8")
     if strict and "\x00" in s:
         raise MalformedPacket(f"{what} contains U+0000")
     return s, q

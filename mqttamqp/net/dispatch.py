@@ -67,6 +67,15 @@ keeps its own, with one log line.  The private names it reads (``_poller``,
 ``_selectables``, ``_doReadOrWrite``) and that fingerprint are checked by
 ``tests/unit/net/test_net_pins.py`` (see ``mqttamqp.net``).
 
+A connection ``net.tcp.LeanPort`` has just accepted takes two more short ways:
+``add_reader`` registers it for reading (``startReading``, ``addReader`` and
+``_add``'s work in one call: epoll, then the reactor's ``_reads`` and
+``_selectables``, ``_continuousPolling`` for a descriptor epoll refuses) and
+``read_accepted`` reads it in the same turn as ``do_poll``'s plain read does. Each
+is set only over the bodies it was written from (``_ADD_READER_NAMES``,
+``_ADD_NAMES``, ``_START_READING_NAMES``; the plain read's as above); it also reads
+``_reads``, ``_writes``, ``_continuousPolling`` and ``_disconnectSelectable``.
+
 What it must not do: know any protocol, or import the broker's core.
 """
 
@@ -115,6 +124,7 @@ _ADD_READER_NAMES = frozenset({
     "EPERM", "EPOLLIN", "EPOLLOUT", "OSError", "_add", "_continuousPolling", "_reads",
     "_selectables", "_writes", "addReader", "errno"})
 _ADD_NAMES = frozenset({"_poller", "add", "fileno", "modify", "register"})
+_START_READING_NAMES = frozenset({"reactor", "addReader"})
 
 
 #: The names of Twisted 26.10's ``ReactorBase.mainLoop``, ``runUntilCurrent`` and
@@ -231,13 +241,16 @@ def _lean_main_loop(target: Any) -> Any:
 
 def _known_add(reactor_class: Any) -> bool:
     """Whether ``reactor_class.addReader`` and ``_add`` are ``EPollReactor``'s own
-    bodies of Twisted 26.10 (``add_reader`` stands in for them)."""
+    bodies of Twisted 26.10, and ``FileDescriptor.startReading`` the one that calls
+    ``addReader`` (``add_reader`` stands in for all three)."""
+    from twisted.internet.abstract import FileDescriptor
     from twisted.internet.epollreactor import EPollReactor
 
     return (reactor_class.addReader is EPollReactor.addReader
             and reactor_class._add is EPollReactor._add
             and _names(EPollReactor.addReader) == _ADD_READER_NAMES
-            and _names(EPollReactor._add) == _ADD_NAMES)
+            and _names(EPollReactor._add) == _ADD_NAMES
+            and _names(FileDescriptor.startReading) == _START_READING_NAMES)
 
 
 def _known_body(reactor_class: Any) -> bool:

@@ -242,7 +242,8 @@ class LeanPort(Port):
 
     Each connection it accepts is read at once, in the same reactor turn, the way
     the reactor reads a socket epoll reports readable (``_doReadOrWrite``, with its
-    error handling): a client sends its first packet as soon as its handshake is
+    error handling, or ``net.dispatch``'s plain read, ``read_accepted``, which has
+    the same outcome): a client sends its first packet as soon as its handshake is
     done, so it is usually there already, and the answer goes out without another
     epoll round and event dispatch per connection (a connect storm's CPU, and a
     turn of latency for every client).  What is not there yet is read when epoll

@@ -80,6 +80,11 @@ def test_the_epoll_reactors_do_poll_is_the_body_lean_dispatch_replaces() -> None
     assert dispatch._known_body(EPollReactor)
     # (``add_reader``, for a connection a lean port accepted, stands in for these)
     assert dispatch._known_add(EPollReactor)
+    from twisted.internet.abstract import FileDescriptor
+    assert (frozenset(FileDescriptor.startReading.__code__.co_names)
+            == dispatch._START_READING_NAMES)
+    from mqttamqp.net.tcp import LeanServer
+    assert LeanServer.startReading is FileDescriptor.startReading
 
 
 def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
