@@ -633,3 +633,20 @@ def test_a_direct_key_bound_to_one_queue_skips_the_route_walk() -> None:
     ex.bind_queue("a", "inner", "one")
     assert code_of(ex.publish, message(), "inner", "one") == 403
     assert depth(broker, "a") == 2
+
+
+def test_a_qos0_publish_nobody_waits_for_hands_back_no_commit_with_amq_topic_bound() -> None:
+    """With a queue bound to amq.topic, a publish whose caller does not wait
+    (``wait=False``: a QoS 0 PUBLISH) is answered without its append's commit, which
+    the broker watches itself (a failure logged once, "routing a message"), even
+    when the router's own answer was the shared plain one."""
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    declared(broker, "all")
+    broker.exchanges.bind_queue("all", "amq.topic", "plant.#")
+    store.commit_all()
+    now = broker.clock.seconds()
+    result = broker.publishing.publish(Message("plant/a", b"1", 0, False, "p", now),
+                                       None, False)
+    assert depth(broker, "all") == 1
+    assert result.durable is None
