@@ -181,6 +181,8 @@ class Broker:
         self.detach_topic_receiver = registry.remove_link_subscriber
         # publishing and subscriptions
         self.may_publish = router.may_publish   # (counted and logged when refused)
+        # (the MQTT 3.1.1 flows call ``publishing.publish`` itself, a direct call
+        # in the compiled build: wrap ``Publishing``, not this attribute)
         self.publish = publishing.publish
         self.publish_qos2 = publishing.publish_qos2
         self.release_qos2 = publishing.release_qos2
