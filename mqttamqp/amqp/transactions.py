@@ -94,6 +94,17 @@ _OUTCOME_NAMES = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED
                   "amqp:released:list": RELEASED, "amqp:modified:list": MODIFIED}
 
 
+def _discharge_fields(message: Any) -> tuple[bytes | None, bool]:
+    """A discharge's txn-id (copied: None if it is not binary) and its fail flag.
+    proton gives a binary as a memoryview into the decoded message's own memory, so
+    it is copied here, while ``message`` is certainly alive: compiled, the caller's
+    last reference to it could go before the copy if the caller made it."""
+    fields = message.body.value
+    txn: Any = fields[0] if fields else None   # (Any: proton's annotation says bytes)
+    return (bytes(txn) if isinstance(txn, (bytes, memoryview)) else None,
+            bool(fields[1]) if len(fields) > 1 else False)
+
+
 def transactional_state(dlv: Any) -> tuple[bytes, int | None, list[Any]] | None:
     """The peer's transactional-state on ``dlv``: its txn-id, the outcome's code
     (None: no outcome) and the outcome's fields; None if it does not decode."""
@@ -366,11 +377,8 @@ class Coordinator(IncomingLink):
         if body.descriptor in _DECLARE:
             self._declare(dlv)
         elif body.descriptor in _DISCHARGE:
-            fields = body.value
-            # (Any: proton's annotation says binary is bytes, it gives a memoryview)
-            txn: Any = fields[0] if fields else None
-            self._discharge(dlv, bytes(txn) if isinstance(txn, (bytes, memoryview))
-                            else None, bool(fields[1]) if len(fields) > 1 else False)
+            txn, failed = _discharge_fields(message)
+            self._discharge(dlv, txn, failed)
         else:
             self.reject(dlv, DECODE_ERROR, f"unknown coordinator message {body.descriptor!r}")
 
