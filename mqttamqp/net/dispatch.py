@@ -17,9 +17,9 @@ A plain read event takes a shorter way (in ``do_poll``): the event is exactly
 "readable" (no hang-up, no error, not writable), and the descriptor is a TCP server
 transport of a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``)
 whose ``doRead`` is Twisted's own.  Its socket is then read and the bytes handed to
-the protocol's ``dataReceived`` here, without ``_doReadOrWrite``'s generic checks,
-the ``fileno`` call and ``doRead``/``_dataReceived`` (four Python calls an event; a
-paced message is two events).  The outcome is Twisted's: "would block" is nothing, a
+the protocol's ``dataReceived`` by ``plain_read``, without ``_doReadOrWrite``'s
+generic checks, the ``fileno`` call and ``doRead``/``_dataReceived`` (one Python call
+for four an event; a paced message is two events).  The outcome is Twisted's: "would block" is nothing, a
 failed ``recv`` is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close
 for a transport that takes one), an exception out of the protocol is logged as
 Twisted's ``log.err`` does and loses the connection with it, each through the
@@ -294,6 +294,38 @@ def lean_dispatch(reactor: Any) -> bool:
     would_block = errno.EWOULDBLOCK
     lost, done = main.CONNECTION_LOST, main.CONNECTION_DONE
 
+    def plain_read(selectable: Any, sock: Any) -> None:
+        """``_doReadOrWrite`` → ``doRead`` → ``_dataReceived`` for a readable socket of
+        a fast class, with their outcome: "would block" is nothing, a failed ``recv``
+        ``CONNECTION_LOST``, no bytes ``CONNECTION_DONE``, an exception out of the
+        protocol logged as ``log.err`` does; each of the last three through the
+        reactor's ``_disconnectSelectable`` (``do_poll``'s and ``read_accepted``'s)."""
+        why: Any = None
+        in_read = False
+        try:
+            try:
+                data = sock.recv(selectable.bufferSize)
+            except OSError as se:
+                if se.args[0] != would_block:
+                    why = lost
+            else:
+                if data:
+                    selectable.protocol.dataReceived(data)
+                else:
+                    why = done
+            in_read = True
+        except BaseException as exc:
+            why = exc
+            legacy_log.err()
+        if why:
+            try:
+                target._disconnectSelectable(selectable, why, in_read)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                log.failure("handling an event of {selectable!r} failed",
+                            selectable=selectable)
+
     def do_poll(timeout: float | None) -> None:
         if timeout is None:
             timeout = -1   # (wait until an event)
@@ -316,31 +348,7 @@ def lean_dispatch(reactor: Any) -> bool:
                 except AttributeError:   # (lost already: Twisted's own checks)
                     sock = None
                 if sock is not None:
-                    why: Any = None
-                    in_read = False
-                    try:
-                        try:
-                            data = sock.recv(selectable.bufferSize)
-                        except OSError as se:
-                            if se.args[0] != would_block:
-                                why = lost
-                        else:
-                            if data:
-                                selectable.protocol.dataReceived(data)
-                            else:
-                                why = done
-                        in_read = True
-                    except BaseException as exc:
-                        why = exc
-                        legacy_log.err()
-                    if why:
-                        try:
-                            target._disconnectSelectable(selectable, why, in_read)
-                        except KeyboardInterrupt:
-                            raise
-                        except BaseException:
-                            log.failure("handling an event of {selectable!r} failed",
-                                        selectable=selectable)
+                    plain_read(selectable, sock)
                     continue
             try:
                 dispatch(selectable, fd, event)
@@ -358,31 +366,7 @@ def lean_dispatch(reactor: Any) -> bool:
         if type(selectable) not in fast:
             target._doReadOrWrite(selectable, fd, readable)
             return
-        why: Any = None
-        in_read = False
-        try:
-            try:
-                data = selectable.socket.recv(selectable.bufferSize)
-            except OSError as se:
-                if se.args[0] != would_block:
-                    why = lost
-            else:
-                if data:
-                    selectable.protocol.dataReceived(data)
-                else:
-                    why = done
-            in_read = True
-        except BaseException as exc:
-            why = exc
-            legacy_log.err()
-        if why:
-            try:
-                target._disconnectSelectable(selectable, why, in_read)
-            except KeyboardInterrupt:
-                raise
-            except BaseException:
-                log.failure("handling an event of {selectable!r} failed",
-                            selectable=selectable)
+        plain_read(selectable, selectable.socket)
 
     def add_reader(selectable: Any, fd: int) -> None:
         """``selectable.startReading()`` (``addReader``, ``_add``) for a connection
