@@ -16,22 +16,22 @@ connection's prefix (their ``system`` is ``-``; the traceback names the protocol
 A plain read event takes a shorter way (in ``do_poll``): the event is exactly
 "readable" (no hang-up, no error, not writable), and the descriptor is a TCP server
 transport of a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``)
-whose ``doRead`` is Twisted's own.  Its socket is then read and the bytes handed to
-the protocol's ``dataReceived`` by ``plain_read``, without ``_doReadOrWrite``'s
-generic checks, the ``fileno`` call and ``doRead``/``_dataReceived`` (one Python call
-for four an event; a paced message is two events).  The outcome is Twisted's: "would block" is nothing, a
-failed ``recv`` is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close
-for a transport that takes one), an exception out of the protocol is logged as
-Twisted's ``log.err`` does and loses the connection with it, each through the
-reactor's ``_disconnectSelectable``.  TLS and WebSocket connections take it too:
-their socket transport is such a server (``listenSSL`` is ``listenTCP`` with a
+whose ``doRead`` is Twisted's own. Its socket is then read and the bytes handed to the
+protocol's ``dataReceived`` by ``plain_read``, without ``_doReadOrWrite``'s generic
+checks, the ``fileno`` call and ``doRead``/``_dataReceived`` (one Python call for four
+an event; a paced message is two events). The outcome is Twisted's: "would block" is
+nothing, a failed ``recv`` is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a
+half-close for a transport that takes one), an exception out of the protocol is logged
+as Twisted's ``log.err`` does and loses the connection with it, each through the
+reactor's ``_disconnectSelectable``. TLS and WebSocket connections take it too: their
+socket transport is such a server (``listenSSL`` is ``listenTCP`` with a
 ``TLSMemoryBIOFactory``; MQTT over WebSocket and AMQP the same), and the protocol
 handed the bytes is the TLS or WebSocket layer, which decrypts or unframes them as
-under Twisted's dispatch.  Any other event (writable, an error, a hang-up: an AF_UNIX
+under Twisted's dispatch. Any other event (writable, an error, a hang-up: an AF_UNIX
 peer's close is one; a TCP peer's FIN is a plain read of no bytes and takes the
 shortcut) or any other descriptor (a client still connecting, a listener, the waker)
 goes through ``_doReadOrWrite`` as before, and so does a transport whose socket is
-gone.  It is on only when the bodies it shortens are the ones it was read from
+gone. It is on only when the bodies it shortens are the ones it was read from
 (``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``, ``_READ_OR_WRITE_NAMES``: Twisted
 26.10's); otherwise every event takes Twisted's way, with one log line.
 
