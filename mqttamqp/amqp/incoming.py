@@ -104,7 +104,7 @@ class IncomingLink(BrokerLink):
         # The credit the window still owes the peer (window - outstanding - credit),
         # as of the last ``top_up``, plus the answers and aborted transfers since
         # (a transfer takes one credit and adds one outstanding: no change), so
-        # ``_answered`` reads the engine's credit only when a top-up may be due.
+        # ``answered`` reads the engine's credit only when a top-up may be due.
         # It lags the truth only by transfers the pump has not reached yet, whose
         # answers catch up; where it runs ahead (an exactly-once delivery held
         # until settled) it costs an early, exact ``top_up``.
@@ -125,19 +125,15 @@ class IncomingLink(BrokerLink):
             self.host.schedule_flush()
         self._owed = want - have
 
-    def _answered(self) -> None:
+    def answered(self) -> None:
         """One more delivery answered (``outstanding`` is down by one): top up the
         credit if ``top_up`` would now (owed a refill's worth, or the peer is out
-        of credit: owed at least the window's room)."""
+        of credit: owed at least the window's room).  Also a transaction's answer
+        (``transactions``)."""
         owed = self._owed + 1
         self._owed = owed
         if owed >= self._refill or owed >= self.window - self.outstanding:
             self.top_up()
-
-    def answered(self) -> None:
-        """``_answered``, for a transaction's answer (``transactions``).  (A method,
-        not an alias in the class body: mypyc's native classes take none.)"""
-        self._answered()
 
     def on_flow(self) -> None:
         """The peer's flow frame on this link (it may have used up credit in a
@@ -194,7 +190,7 @@ class IncomingLink(BrokerLink):
         # (it took a credit and will not be answered: owed back, with the top-up an
         # answer would bring, or a sender whose last transfers were aborted could be
         # left without credit)
-        self._answered()
+        self.answered()
 
     def _too_large(self) -> None:
         """A transfer over ``--max-packet-size``: the link is detached with
@@ -245,7 +241,7 @@ class IncomingLink(BrokerLink):
                 delivery_settle(dlv)
         else:
             delivery_settle(dlv)
-        self._answered()
+        self.answered()
         self.host.schedule_flush()
 
     def reject(self, dlv: Any, condition: str, description: str) -> None:

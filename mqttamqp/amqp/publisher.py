@@ -112,7 +112,7 @@ class TopicPublisher(IncomingLink):
         checked), the core's message, then either the exactly-once hold or routing
         and the answer.  A step that refuses the message has rejected it and
         returns None.  (The usual message, a memo hit, takes no step out of line
-        but ``_publish`` and its ``_routed``: this is every message's path.)"""
+        but ``_publish`` and its ``routed``: this is every message's path.)"""
         memo = self._memo
         if memo is None:
             memo = self._memo = PublishMemo()
@@ -230,13 +230,13 @@ class TopicPublisher(IncomingLink):
             self._refused(dlv, presettled, result.refusal)
             return
         if result.congested or result.blocked or self._throttle is not None:
-            self._routed(result, routed)
+            self.routed(result, routed)
         else:
-            self.host.meter.received_amqp()   # (``_routed`` with nothing to hold back)
+            self.host.meter.received_amqp()   # (``routed`` with nothing to hold back)
         if presettled:
             self.outstanding -= 1
             delivery_settle(dlv)
-            self._answered()
+            self.answered()
             return
         if result.durable is None:
             # Nothing to make durable: Accepted at once (``answer``'s common case, on
@@ -248,7 +248,7 @@ class TopicPublisher(IncomingLink):
             self.outstanding = outstanding
             delivery_update(dlv, ACCEPTED)
             delivery_settle(dlv)
-            # (``_answered``, inline: a top-up only when one may be due)
+            # (``answered``, inline: a top-up only when one may be due)
             owed = self._owed + 1
             self._owed = owed
             if owed >= self._refill or owed >= self.window - outstanding:
@@ -256,9 +256,10 @@ class TopicPublisher(IncomingLink):
             return
         self.answer_after(result.durable, dlv)
 
-    def _routed(self, result: Published, routed: Message) -> None:
+    def routed(self, result: Published, routed: Message) -> None:
         """A message routed: counted, then no more credit while what it fed is
-        congested, the durable queues are full, or the publish budget is spent."""
+        congested, the durable queues are full, or the publish budget is spent
+        (also a transaction's publish at commit: ``transactions``)."""
         self.host.meter.received_amqp()
         if result.congested:
             self.block_until_drained(result.congested)
@@ -266,11 +267,6 @@ class TopicPublisher(IncomingLink):
             self.block_until_queues_writable()
         if self._throttle is not None:
             self._throttle.charge(len(routed.payload))
-
-    def routed(self, result: Published, routed: Message) -> None:
-        """``_routed``, for a transaction's publish at commit (``transactions``).  (A
-        method, not an alias in the class body: mypyc's native classes take none.)"""
-        self._routed(result, routed)
 
     def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
         """The topic a message with ``to`` goes to, and whether it is a durable
@@ -326,7 +322,7 @@ class TopicPublisher(IncomingLink):
             return
         self.outstanding -= 1
         self.top_up()
-        self._routed(self.broker.publish(routed, wait=False), routed)
+        self.routed(self.broker.publish(routed, wait=False), routed)
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:
