@@ -135,19 +135,22 @@ class GatewayFactory(Factory):
         self.authenticator: Authenticator | None = None
 
     def buildProtocol(self, addr: Any) -> Protocol:
-        peer = f"{addr.host}:{addr.port}" if hasattr(addr, "port") else str(addr)
-        return RefusedAtAccept() if self.full("MQTT", peer) else GatewayProtocol(self)
+        return RefusedAtAccept() if self.full("MQTT", addr) else GatewayProtocol(self)
 
-    def full(self, kind: str, peer: str) -> bool:
+    def full(self, kind: str, peer: Any) -> bool:
         """--max-connections reached (the clients and the WebSocket sockets still in
         their upgrade: ``gateway.websocket``): a socket refused, counted and logged
-        in the broker's words (``core.clients.gate.ClientGate.admit``)."""
+        in the broker's words (``core.clients.gate.ClientGate.admit``).  ``peer``:
+        Twisted's address of the socket, or its ``host:port`` (formatted only for
+        the log line)."""
         limit = self.limits.max_connections
         if not limit or len(self.connections) + len(self.upgrading) < limit:
             return False
         self.refused_connections += 1
         held = self.ratelog.allow("max-connections")
         if held is not None:
+            if hasattr(peer, "port"):   # (Twisted's address, ``host:port`` as the broker's)
+                peer = f"{peer.host}:{peer.port}"
             self.log.warn("refusing {kind} connection from {peer}: --max-connections ({n}) "
                           "reached ({held} more refused since the last line)", kind=kind,
                           peer=peer, n=limit, held=held)
