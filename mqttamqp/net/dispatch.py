@@ -76,6 +76,14 @@ is set only over the bodies it was written from (``_ADD_READER_NAMES``,
 ``_ADD_NAMES``, ``_START_READING_NAMES``; the plain read's as above); it also reads
 ``_reads``, ``_writes``, ``_continuousPolling`` and ``_disconnectSelectable``.
 
+In the compiled build (setup.py ``COMPILED``) this module is compiled too: the loop,
+``do_poll`` and ``plain_read`` run every turn, and interpreted they were the last
+Python frames of a paced message's turn outside the protocol (``bench/README.md``,
+"A paced message in the compiled build").  Their closures are then objects of
+native classes, not functions (no ``__name__``, no ``__code__``); the fingerprints
+above read only Twisted's own bodies, and the module's globals (``log``) are still
+looked up at each use.
+
 What it must not do: know any protocol, or import the broker's core.
 """
 
