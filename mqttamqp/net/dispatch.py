@@ -224,14 +224,15 @@ def _lean_main_loop(target: Any) -> Any:
     def main_loop() -> None:
         while target._started:
             try:
-                pending = target._pendingTimedCalls
-                cancelled = target._cancellations
+                # (typed: the compiled build reads them without generic calls)
+                pending: list[Any] = target._pendingTimedCalls
+                cancelled: int = target._cancellations
                 if (target.threadCallQueue or target._newTimedCalls or target._justStopped
                         or (cancelled > 50 and cancelled > len(pending) >> 1)):
                     target.runUntilCurrent()
                     timeout = target.timeout()
                 elif pending:
-                    delay = pending[0].time - target.seconds()
+                    delay: float = pending[0].time - target.seconds()
                     if delay <= 0:
                         target.runUntilCurrent()
                         timeout = target.timeout()
@@ -338,12 +339,13 @@ def lean_dispatch(reactor: Any) -> bool:
         if timeout is None:
             timeout = -1   # (wait until an event)
         try:
-            events = target._poller.poll(timeout, len(target._selectables))
+            events: list[tuple[int, int]] = target._poller.poll(
+                timeout, len(target._selectables))
         except OSError as e:
             if e.errno == errno.EINTR:
                 return
             raise
-        selectables = target._selectables
+        selectables: dict[int, Any] = target._selectables
         dispatch = target._doReadOrWrite
         for fd, event in events:
             selectable = selectables.get(fd)
