@@ -30,7 +30,12 @@ records, inside the broker:
   woke the reactor to the read, the read to the subscriber's PUBLISH sent, and that
   send to the next poll (the rest of the turn), as histograms;
 * with ``--perf``, ``perf stat`` of the broker's process over the load: system
-  calls, context switches and CPU migrations, per message.
+  calls, context switches and CPU migrations, per message;
+* with ``--jobs``, the periodic work's own durations: each delayed call run (a
+  ``LoopingCall``'s step, ``$SYS``, the store's checks; by function), each step of the
+  archive's feeding thread (its CPU time, the GIL it may hold, and its wall time), and
+  the turns over 300 µs split by what ran in them (a delayed call, a collection, an
+  archive step, or nothing but events).
 
 The load generators are the same processes as ``run.py``'s, so the latencies are
 comparable with scenario 7's (less the process start-up).  Every loop is bounded
@@ -160,6 +165,10 @@ def main() -> int:
                          "of the latency) and from it to the next poll; with the N "
                          "functions most called before the send (counts: the machine's "
                          "load does not move them)")
+    ap.add_argument("--jobs", action="store_true",
+                    help="time the periodic work: each delayed call run (by function), "
+                         "each archive feeding step (CPU and wall), and split the turns "
+                         "over 300 us by what ran in them")
     ap.add_argument("--perf", action="store_true",
                     help="perf stat the broker's process (system calls, context switches, "
                          "instructions) while the load runs")
@@ -188,6 +197,14 @@ def main() -> int:
     gc_during_turn = [False]
     late = {"turns_over_1ms": 0, "with_gc": 0}
     last_poll_end = [0.0]
+    timer_in_turn = [False]   # (``--jobs``: a delayed call ran in this turn)
+    step_in_turn = [False]   # (``--jobs``: an archive step took CPU during this turn)
+    long_turns: dict[str, int] = {}   # (``--jobs``: turns over 300 us, by what ran)
+    job_times: dict[str, Histogram] = {}   # (``--jobs``: each delayed call's run)
+    # (``--jobs``: archive steps; "pack": the step's CPU before its exchange with the
+    # writer, the take, the packing and the previous answer's handling)
+    step_cpu, step_pack_cpu, step_wall = Histogram(), Histogram(), Histogram()
+    pack_cpu = Histogram()   # (``--jobs``: each ``pack`` of a step's messages)
     sent_at = [0.0]   # (``--residence``: when this turn's PUBLISH went to the subscriber)
     send_to_poll = Histogram()
 
@@ -217,7 +234,12 @@ def main() -> int:
                     late["turns_over_1ms"] += 1
                     if gc_during_turn[0]:
                         late["with_gc"] += 1
+                if args.jobs and work > 0.0003:
+                    what = ("gc" if gc_during_turn[0] else "timer" if timer_in_turn[0]
+                            else "archive_step" if step_in_turn[0] else "events_only")
+                    long_turns[what] = long_turns.get(what, 0) + 1
             gc_during_turn[0] = False
+            timer_in_turn[0] = step_in_turn[0] = False
             if critical_on[0]:
                 sys.setprofile(None)
                 critical_on[0] = False
@@ -325,15 +347,78 @@ def main() -> int:
     real_call_later = reactor.callLater
 
     def call_later(delay: float, f: Any, *a: Any, **kw: Any) -> Any:
+        name = getattr(f, "__qualname__", repr(f))
         if recording[0]:
-            name = getattr(f, "__qualname__", repr(f))
             timers[name] = timers.get(name, 0) + 1
+        if args.jobs:
+            real_f = f
+
+            def timed(*a: Any, **kw: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return real_f(*a, **kw)
+                finally:
+                    if recording[0]:
+                        timer_in_turn[0] = True
+                        job_times.setdefault(name, Histogram()).add(
+                            time.perf_counter() - began)
+
+            f = timed
         return real_call_later(delay, f, *a, **kw)
 
     reactor.callLater = call_later   # type: ignore[method-assign]
     threads0: list[dict[str, list[float]]] = []
     archive = getattr(svc, "archive", None)   # (None with --no-archive)
     steps0: list[int] = []
+    if args.jobs and archive is not None:
+        # (the feeding thread's exchange with the writer process, wrapped: a step's
+        # CPU is the thread's CPU from one exchange's end to the next's; its wall
+        # time, the exchange's start to end, the writer's work included)
+        writer = archive._writer
+        real_exchange = writer.exchange
+        last_end = [0.0]
+
+        def exchange(frame: Any, *a: Any, **kw: Any) -> Any:
+            began = time.perf_counter()
+            cpu_in = time.thread_time()
+            try:
+                return real_exchange(frame, *a, **kw)
+            finally:
+                cpu = time.thread_time()
+                if recording[0] and last_end[0]:
+                    step_cpu.add(cpu - last_end[0])
+                    step_pack_cpu.add(cpu_in - last_end[0])
+                    step_wall.add(time.perf_counter() - began)
+                    step_in_turn[0] = True
+                last_end[0] = cpu
+
+        writer.exchange = exchange
+        # (``pack``, looked up in the archive module's globals at each call, compiled
+        # or not: a step's packing of the messages it took, one GIL hold)
+        from mqttamqp.archive import archive as archive_module
+        real_pack = archive_module.pack
+
+        def timed_pack(*a: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return real_pack(*a)
+            finally:
+                if recording[0]:
+                    pack_cpu.add(time.thread_time() - began)
+
+        archive_module.pack = timed_pack
+
+    def writer_cpu() -> float:
+        """The archive writer process's CPU seconds (user + system), or 0."""
+        child = getattr(getattr(archive, "_writer", None), "_child", None)
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:   # type: ignore[union-attr]
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (AttributeError, OSError, IndexError, ValueError):
+            return 0.0
+
+    writer_cpu0: list[float] = []
     profiler = None
     if args.profile:
         import cProfile
@@ -364,6 +449,7 @@ def main() -> int:
                                        stdout=subprocess.DEVNULL, timeout=60, check=False)
                     if archive is not None:
                         steps0.append(archive._steps)
+                        writer_cpu0.append(writer_cpu())
                     if profiler is not None:
                         profiler.enable()
                     if args.perf:
@@ -391,6 +477,8 @@ def main() -> int:
                         if archive is not None:
                             report["archive_steps_per_msg"] = round(
                                 (archive._steps - steps0[0]) / max(1, n), 5)
+                            report["archive_writer_process_cpu_us_per_msg"] = round(
+                                (writer_cpu() - writer_cpu0[0]) * 1e6 / max(1, n), 2)
                         reactor.callLater(0.2, reactor.stop)
 
         def errReceived(self, chunk: bytes) -> None:
@@ -446,6 +534,14 @@ def main() -> int:
                                "wake_to_read": wake_to_read.report(),
                                "read_to_send": read_to_send.report(),
                                "send_to_next_poll": send_to_poll.report()}
+    if args.jobs:
+        report["jobs"] = {
+            "timer_runs": {k: h.report() for k, h in job_times.items()},
+            "archive_step_cpu": step_cpu.report(),
+            "archive_step_cpu_before_exchange": step_pack_cpu.report(),
+            "archive_pack_cpu": pack_cpu.report(),
+            "archive_step_wall": step_wall.report(),
+            "turns_over_300us_by_what_ran": long_turns}
     report["timers_per_msg"] = {k: round(v / max(1, n), 4) for k, v in
                                 sorted(timers.items(), key=lambda kv: -kv[1])}
     if profiler is not None:

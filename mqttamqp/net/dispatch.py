@@ -76,6 +76,14 @@ is set only over the bodies it was written from (``_ADD_READER_NAMES``,
 ``_ADD_NAMES``, ``_START_READING_NAMES``; the plain read's as above); it also reads
 ``_reads``, ``_writes``, ``_continuousPolling`` and ``_disconnectSelectable``.
 
+In the compiled build (setup.py ``COMPILED``) this module is compiled too: the loop,
+``do_poll`` and ``plain_read`` run every turn, and interpreted they were the last
+Python frames of a paced message's turn outside the protocol (``bench/README.md``,
+"A paced message in the compiled build").  Their closures are then objects of
+native classes, not functions (no ``__name__``, no ``__code__``); the fingerprints
+above read only Twisted's own bodies, and the module's globals (``log``) are still
+looked up at each use.
+
 What it must not do: know any protocol, or import the broker's core.
 """
 
@@ -216,14 +224,15 @@ def _lean_main_loop(target: Any) -> Any:
     def main_loop() -> None:
         while target._started:
             try:
-                pending = target._pendingTimedCalls
-                cancelled = target._cancellations
+                # (typed: the compiled build reads them without generic calls)
+                pending: list[Any] = target._pendingTimedCalls
+                cancelled: int = target._cancellations
                 if (target.threadCallQueue or target._newTimedCalls or target._justStopped
                         or (cancelled > 50 and cancelled > len(pending) >> 1)):
                     target.runUntilCurrent()
                     timeout = target.timeout()
                 elif pending:
-                    delay = pending[0].time - target.seconds()
+                    delay: float = pending[0].time - target.seconds()
                     if delay <= 0:
                         target.runUntilCurrent()
                         timeout = target.timeout()
@@ -330,12 +339,13 @@ def lean_dispatch(reactor: Any) -> bool:
         if timeout is None:
             timeout = -1   # (wait until an event)
         try:
-            events = target._poller.poll(timeout, len(target._selectables))
+            events: list[tuple[int, int]] = target._poller.poll(
+                timeout, len(target._selectables))
         except OSError as e:
             if e.errno == errno.EINTR:
                 return
             raise
-        selectables = target._selectables
+        selectables: dict[int, Any] = target._selectables
         dispatch = target._doReadOrWrite
         for fd, event in events:
             selectable = selectables.get(fd)
