@@ -65,6 +65,12 @@ class Recorder(Protocol):
               **fields: object) -> None:
         """Something happened to ``client_id`` (``kind``: one of ``EVENT_KINDS``)."""
 
+    def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None:
+        """``event`` with its fields as ``names`` (a constant tuple of the caller's)
+        and ``values``, in order: the same record, without keyword arguments to
+        pass and parse (the connect path's two events, issue 31 §2)."""
+
     def stats(self) -> dict[str, int]:
         """Counters for ``$SYS`` and the console (``dropped`` among them)."""
 
@@ -87,6 +93,10 @@ class NoRecorder:
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
               **fields: object) -> None:
+        pass
+
+    def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None:
         pass
 
     def stats(self) -> dict[str, int]:

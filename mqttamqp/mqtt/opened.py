@@ -44,19 +44,25 @@ __all__ = ["OpenConnections"]
 # An empty ``unregistered`` keeps a table up to this size (~100 entries): a slow
 # trickle of connects does not make one again for each.
 _KEPT_TABLE_BYTES = 4096
+# Held at most this many since it was last empty, it cannot have grown past that
+# (a dict's table reaches 4 KiB at a resize with 22 entries or more): not measured.
+_FEW = 8
 
 
 class OpenConnections:
     """A listener factory's open MQTT connections: the live table's (those whose
     ``factory`` is ``owner``) and ``unregistered``."""
 
-    __slots__ = ("live", "owner", "unregistered")
+    __slots__ = ("live", "most", "owner", "unregistered")
 
     def __init__(self, live: LiveConnections, owner: object) -> None:
         self.live = live
         self.owner = owner
         # (the value: why it closes, a protocol error's reason, for its end)
         self.unregistered: dict[Any, str] = {}
+        # (about the most ``unregistered`` held since it was last empty: every entry
+        # leaves through ``registered``, which notes it)
+        self.most = 0
 
     def count(self) -> int:
         """How many are open (what ``--max-connections`` bounds; the live table's
@@ -78,8 +84,14 @@ class OpenConnections:
         of why it closed (``closing``), "" if none."""
         unregistered = self.unregistered
         detail = unregistered.pop(connection, "")
-        if not unregistered and sys.getsizeof(unregistered) > _KEPT_TABLE_BYTES:
-            unregistered.clear()   # (a storm's table given back)
+        if not unregistered:
+            # (a storm handled a connect at a time empties it at each: no measuring)
+            if self.most:
+                if self.most > _FEW and sys.getsizeof(unregistered) > _KEPT_TABLE_BYTES:
+                    unregistered.clear()   # (a storm's table given back)
+                self.most = 0
+        elif len(unregistered) >= self.most:
+            self.most = len(unregistered) + 1
         return detail
 
     def all(self) -> list[Any]:

@@ -34,6 +34,13 @@ class EventCall(Protocol):
                  **fields: object) -> None: ...
 
 
+class FieldsEventCall(Protocol):
+    """``Recorder.fields_event``'s signature, for the call ``FanOutRecorder`` routes."""
+
+    def __call__(self, timestamp: float, kind: str, client_id: str | None,
+                 names: tuple[str, ...], values: tuple[object, ...]) -> None: ...
+
+
 class FanOutRecorder:
     """Two recorders as one. ``message`` is the bound method of whichever of them
     takes messages, or a call to both only when both do: the archive with webhooks
@@ -45,12 +52,14 @@ class FanOutRecorder:
     at a SIGHUP); a recorder without ``on_change`` must keep its answer (the
     archive's is always true). A fan-out has ``on_change`` too, for one above it.
 
-    ``event`` is chosen the same way, by ``records_events`` (a recorder without it
-    takes every event): webhooks with no hook on events cost nothing per connect."""
+    ``event`` and ``fields_event`` are chosen the same way, by ``records_events`` (a
+    recorder without it takes every event): webhooks with no hook on events cost
+    nothing per connect."""
 
     message: MessageCall
     records_messages: bool
     event: EventCall
+    fields_event: FieldsEventCall
     records_events: bool
 
     def __init__(self, first: Recorder, second: Recorder) -> None:
@@ -71,6 +80,8 @@ class FanOutRecorder:
         self.records_messages = takes[0] or takes[1]
         takes = getattr(first, "records_events", True), getattr(second, "records_events", True)
         self.event = _pick(*takes, first.event, second.event, self._both_events, _no_event)
+        self.fields_event = _pick(*takes, first.fields_event, second.fields_event,
+                                  self._both_fields_events, _no_fields_event)
         self.records_events = takes[0] or takes[1]
         for listener in self.on_change:
             listener()
@@ -87,6 +98,11 @@ class FanOutRecorder:
                      **fields: object) -> None:
         self.first.event(timestamp, kind, client_id, **fields)
         self.second.event(timestamp, kind, client_id, **fields)
+
+    def _both_fields_events(self, timestamp: float, kind: str, client_id: str | None,
+                            names: tuple[str, ...], values: tuple[object, ...]) -> None:
+        self.first.fields_event(timestamp, kind, client_id, names, values)
+        self.second.fields_event(timestamp, kind, client_id, names, values)
 
     def stats(self) -> dict[str, int]:
         merged = dict(self.first.stats())
@@ -105,6 +121,11 @@ def _pick(first: bool, second: bool, first_call: Any, second_call: Any, both: An
 
 
 def _no_event(timestamp: float, kind: str, client_id: str | None, **fields: object) -> None:
+    pass
+
+
+def _no_fields_event(timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None:
     pass
 
 

@@ -401,6 +401,14 @@ class WebhookRecorder:
             for sender in senders:
                 sender.add(item)
 
+    def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None:
+        senders = self._by_kind.get(kind)
+        if senders:
+            item = (kind, timestamp, client_id, dict(zip(names, values, strict=True)))
+            for sender in senders:
+                sender.add(item)
+
     def counts(self) -> dict[str, int]:
         """Cumulative: events dropped (queue full), failed (retries spent), delivered."""
         totals = dict(self._retired)

@@ -48,6 +48,9 @@ class Recorder(Protocol):
     def event(self, timestamp: float, kind: str, client_id: str | None,
               **fields: Any) -> None: ...
 
+    def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None: ...
+
     def stats(self) -> dict[str, int]: ...
 
 
@@ -65,6 +68,10 @@ class Recorded:
     def event(self, timestamp: float, kind: str, client_id: str | None,
               **fields: Any) -> None:
         self.events.append((timestamp, kind, client_id, fields))
+
+    def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None:
+        self.event(timestamp, kind, client_id, **dict(zip(names, values, strict=True)))
 
     def stats(self) -> dict[str, int]:
         return {}

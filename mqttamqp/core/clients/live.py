@@ -45,6 +45,8 @@ __all__ = ["LiveConnections", "MQTT_KEY_PREFIX"]
 
 MQTT_KEY_PREFIX = "mqtt:"
 _SKIP = len(MQTT_KEY_PREFIX)
+# A CONNECT event's fields (``Recorder.fields_event``: one per connect, no keywords)
+_CONNECT_FIELDS = ("protocol", "address", "user", "clean_session", "keepalive")
 
 
 class LiveConnections(Mapping[str, InspectableConnection]):
@@ -158,8 +160,8 @@ class LiveConnections(Mapping[str, InspectableConnection]):
         self.stats.connected(protocol)
         if self._recording:
             client_id, remote, user, clean, keepalive = connection.event_fields()
-            self.recorder.event(now, CONNECT, client_id, protocol=protocol, address=remote,
-                                user=user, clean_session=clean, keepalive=keepalive)
+            self.recorder.fields_event(now, CONNECT, client_id, _CONNECT_FIELDS,
+                                       (protocol, remote, user, clean, keepalive))
 
     def _unregister(self, table: dict[str, InspectableConnection], key: str,
                     connection: InspectableConnection, cause: str, detail: str) -> None:

@@ -49,6 +49,9 @@ from mqttamqp.core.sessions.session import Session, SessionState
 from mqttamqp.core.stats import BrokerStats
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5: a session expiry interval that means never
+# The connect path's session events' fields (``Recorder.fields_event``: no keywords)
+_CREATED_FIELDS = ("clean_session",)
+_RESUMED_FIELDS = ("queued",)
 
 __all__ = ["SessionRegistry", "Opened"]
 
@@ -227,10 +230,11 @@ class SessionRegistry:
         if expiry is not None or present:   # (a new session's is None already)
             session.expiry = expiry
         if present:
-            self.recorder.event(now, SESSION_RESUMED, client_id,
-                                queued=len(session.queue) + len(session.inflight))
+            self.recorder.fields_event(now, SESSION_RESUMED, client_id, _RESUMED_FIELDS,
+                                       (len(session.queue) + len(session.inflight),))
         else:
-            self.recorder.event(now, SESSION_CREATED, client_id, clean_session=clean)
+            self.recorder.fields_event(now, SESSION_CREATED, client_id, _CREATED_FIELDS,
+                                       (clean,))
         session.last_seen = now
         session.claim(connection)
         if will is not None and not self.wills.allowed(will, identity):

@@ -580,6 +580,31 @@ def test_buffered_events_share_their_field_names(tmp_path: Path, clock: Clock) -
     assert len(a._events.times) == 2 and len(values) == 10
 
 
+def test_an_event_given_as_names_and_values_is_the_same_record(tmp_path: Path,
+                                                               clock: Clock) -> None:
+    """``fields_event`` (the connect path's, positional) buffers exactly what ``event``
+    with the same fields as keywords does, the names shared with it; a wrong name, a
+    count of values unlike the names' or an unknown kind still raises at once."""
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock)          # (no thread started)
+    a.event(1.0, CONNECT, "a", protocol="mqtt3.1.1", address="127.0.0.1:1", user=None,
+            clean_session=True, keepalive=60)
+    a.fields_event(1.0, CONNECT, "a",
+                   ("protocol", "address", "user", "clean_session", "keepalive"),
+                   ("mqtt3.1.1", "127.0.0.1:1", None, True, 60))
+    values = a._events.values
+    assert values[:8] == values[8:] and values[2] is values[10]
+    assert list(a._events.times) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no column 'adress'"):
+        a.fields_event(3.0, CONNECT, "c", ("adress",), ("x",))
+    with pytest.raises(ValueError, match="1 values for 2 columns"):
+        a.fields_event(3.0, CONNECT, "c", ("protocol", "address"), ("mqtt5",))
+    with pytest.raises(ValueError, match="unknown event kind"):
+        a.fields_event(3.0, "connected", "c", ("protocol",), ("mqtt5",))
+    assert len(a._events.times) == 2 and len(values) == 16
+
+
 def test_events_taken_in_frames_come_back_whole_and_in_order(tmp_path: Path,
                                                              clock: Clock) -> None:
     """The feeding thread takes at most a frame of whole records off the front (times

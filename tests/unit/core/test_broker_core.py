@@ -884,6 +884,10 @@ def test_a_recorder_that_wants_no_messages_is_not_called_per_message() -> None:
                   **fields: object) -> None:
             calls.append(kind)
 
+        def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                         names: tuple[str, ...], values: tuple[object, ...]) -> None:
+            calls.append(kind)
+
         def stats(self) -> dict[str, int]:
             return {}
 

@@ -141,6 +141,29 @@ def test_a_storm_gives_its_table_back() -> None:
     assert sys.getsizeof(h.factory.opened.unregistered) == sys.getsizeof({})
 
 
+def test_only_a_table_that_held_many_is_measured_and_given_back() -> None:
+    """``registered`` measures the emptied table only after it held more than a few
+    (it cannot have grown past the kept size with fewer): a small one is kept through
+    connects that come one at a time or a few together, a storm's is given back, and
+    a pop of what is not there leaves the table as it was."""
+    from mqttamqp.mqtt.opened import OpenConnections
+
+    opened = OpenConnections(Harness().factory.opened.live, None)
+    table = opened.unregistered
+    for n in range(3):
+        for c in range(n + 1):
+            table[(n, c)] = "why" if c else ""
+        assert opened.registered("absent") == "" and len(table) == n + 1
+        assert [opened.registered((n, c)) for c in range(n + 1)] == [""] + ["why"] * n
+        assert not table and opened.most == 0
+        assert sys.getsizeof(table) > sys.getsizeof({})     # (kept: no clear)
+    table.update(dict.fromkeys(range(200), ""))
+    for c in range(200):
+        opened.registered(c)
+        assert opened.most == (200 if c < 199 else 0)
+    assert sys.getsizeof(table) == sys.getsizeof({})
+
+
 def test_a_protocol_errors_reason_is_the_sessions_end_when_lost() -> None:
     """The reason of a protocol error (kept in ``opened.unregistered`` while the
     connection closes, not in a slot) is why its session ends once it is lost."""

@@ -46,6 +46,10 @@ class Recording:
     def event(self, timestamp: float, kind: str, client_id: str | None, **fields: Any) -> None:
         self.events.append((kind, client_id, fields))
 
+    def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                     names: tuple[str, ...], values: tuple[object, ...]) -> None:
+        self.event(timestamp, kind, client_id, **dict(zip(names, values, strict=True)))
+
     def stats(self) -> dict[str, int]:
         return {}
 

@@ -209,6 +209,9 @@ def test_fan_out_calls_only_the_recorder_that_takes_messages_until_a_reload() ->
         def event(self, *args: Any, **fields: object) -> None:
             pass
 
+        def fields_event(self, *args: Any) -> None:
+            pass
+
         def stats(self) -> dict[str, int]:
             return {}
 
@@ -246,6 +249,10 @@ def test_fan_out_gives_events_only_to_recorders_that_take_them_until_a_reload() 
                   **fields: object) -> None:
             recorded.append(kind)
 
+        def fields_event(self, timestamp: float, kind: str, client_id: str | None,
+                         names: tuple[str, ...], values: tuple[object, ...]) -> None:
+            recorded.append(kind)
+
         def stats(self) -> dict[str, int]:
             return {}
 
@@ -254,14 +261,20 @@ def test_fan_out_gives_events_only_to_recorders_that_take_them_until_a_reload() 
     both = fan_out(archive, hooks)
     assert isinstance(both, FanOutRecorder)
     assert both.records_events and both.event == archive.event
+    assert both.fields_event == archive.fields_event
     hooks.configure([hook(events=["connect"], **{"max-delay": 0.0})])
     both.event(1.0, CONNECT, "c", address="127.0.0.1:1")
     assert recorded == [CONNECT] and len(hooks.senders[0].queue) == 1
+    # (the positional form: the same item for the hooks as the keywords made)
+    both.fields_event(1.0, CONNECT, "c", ("address",), ("127.0.0.1:1",))
+    queued = list(hooks.senders[0].queue)
+    assert recorded == [CONNECT] * 2 and len(queued) == 2 and queued[0] == queued[1]
     hooks.configure([])
-    assert both.event == archive.event
+    assert both.event == archive.event and both.fields_event == archive.fields_event
     none = fan_out(make()[0], make()[0])
     assert isinstance(none, FanOutRecorder) and not none.records_events
     none.event(1.0, CONNECT, "c")     # (taken by neither, and no error)
+    none.fields_event(1.0, CONNECT, "c", (), ())
 
 
 @pytest.mark.parametrize(("table", "key"), [
