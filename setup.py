@@ -46,7 +46,7 @@ core/auth.py core/clients/gate.py core/clients/live.py core/clients/registry.py
 security/bans.py security/admission.py archive/archive.py archive/eventbuffer.py adapter/meter.py
 amqp/links.py amqp/incoming.py amqp/publisher.py amqp/subscribers.py amqp/queuelinks.py
 amqp/transactions.py amqp/codec/publish.py amqp/codec/encode.py
-amqp/pump.py amqp/enginechores.py net/rawproton.py net/dispatch.py
+amqp/pump.py amqp/enginechores.py net/rawproton.py net/dispatch.py net/sending.py
 """.split()
 
 

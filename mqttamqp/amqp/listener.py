@@ -70,7 +70,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.net.tcp import plain_tcp
+from mqttamqp.net.sending import plain_tcp
 from mqttamqp.net.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "DEFAULT_IDLE_TIMEOUT"]

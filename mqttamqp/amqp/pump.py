@@ -39,7 +39,7 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.native import mypyc_attr
 from mqttamqp.net.rawproton import delivery_link, event_delivery, lib, next_event, pop_event
-from mqttamqp.net.tcp import send
+from mqttamqp.net.sending import send
 
 __all__ = ["EnginePump", "ConnectionState"]
 

@@ -65,7 +65,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.net.tcp import plain_tcp, send
+from mqttamqp.net.sending import plain_tcp, send
 from mqttamqp.net.tls import verified_common_name
 
 __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]

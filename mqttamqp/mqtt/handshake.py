@@ -41,7 +41,7 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.v5 import message_properties, negotiate
 from mqttamqp.native import NO_SLOTS, mypyc_attr
-from mqttamqp.net.tcp import send
+from mqttamqp.net.sending import send
 from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import CONTINUE, AuthExchange, AuthStep
 

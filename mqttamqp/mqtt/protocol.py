@@ -93,7 +93,7 @@ from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.native import mypyc_attr
-from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
+from mqttamqp.net.sending import plain_tcp, register_push_producer, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]

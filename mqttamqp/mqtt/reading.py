@@ -24,7 +24,8 @@ from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.packets import Publish
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.native import NO_SLOTS, mypyc_attr
-from mqttamqp.net.tcp import others_waiting, plain_tcp
+from mqttamqp.net.sending import plain_tcp
+from mqttamqp.net.tcp import others_waiting
 
 __all__ = ["NOT_PAUSED", "SINGLE_PUBLISH", "InputPump"]
 

@@ -1,7 +1,7 @@
 """Lean TCP transports: writing without waiting for the next reactor turn, reading
 a new connection in the turn that accepts it, and less memory per connection.
 
-Writing at once (``send``):
+Writing at once (``send``, in ``net.sending``, which the compiled build compiles):
 
 Twisted's ``transport.write`` buffers, registers the socket with epoll and sends
 on the next turn of the reactor: two epoll calls per write and one turn of
@@ -43,8 +43,10 @@ from twisted.internet.address import IPv6Address
 from twisted.internet.tcp import Port, Server
 from twisted.python import log
 
+from mqttamqp.net.sending import KINDS
+
 __all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "others_waiting",
-           "plain_tcp", "register_push_producer", "send", "watch_port_classes"]
+           "watch_port_classes"]
 
 
 # protocol class -> its log prefix (a handful of classes)
@@ -363,7 +365,7 @@ def watch_port_classes(classes: set[type]) -> None:
     ``classes`` lives (it is held by weak reference)."""
     _watchers()
     _WATCHERS.append(weakref.ref(classes))
-    classes.update(c for c in _PLAIN[:-3] if c.__base__ in classes)
+    classes.update(c for c in KINDS.plain[:-3] if c.__base__ in classes)
 
 
 class _PortOf:
@@ -383,13 +385,12 @@ class _PortOf:
 def _for_port(base: type[LeanServer], port: Any) -> type[LeanServer]:
     """A transport class for ``port``: ``base`` with ``server`` the port (weakly),
     first in the tuples and in the watched sets that hold ``base``."""
-    global _PLAIN, _LEAN
     ref = weakref.ref(port)
     cls: type[LeanServer] = type(base.__name__, (base,), {
         "__slots__": (), "server": _PortOf(ref), "_own_port": ref, "__module__": __name__,
         "__doc__": f"A ``{base.__name__}`` of one listening port (``lean_port``)."})
-    _PLAIN = (cls, *_PLAIN)
-    _LEAN = (cls, *_LEAN)
+    KINDS.plain = (cls, *KINDS.plain)
+    KINDS.lean = (cls, *KINDS.lean)
     for classes in _watchers():
         if base in classes:
             classes.add(cls)
@@ -399,62 +400,16 @@ def _for_port(base: type[LeanServer], port: Any) -> type[LeanServer]:
 def _forget(cls: Any) -> None:
     """Take a stopped port's own class out of the tuples and the watched sets (the
     base classes and Twisted's ``Server`` stay)."""
-    global _PLAIN, _LEAN
     if cls in (Server, LeanServer, LeanServerNoDelay):
         return
-    _PLAIN = tuple(c for c in _PLAIN if c is not cls)
-    _LEAN = tuple(c for c in _LEAN if c is not cls)
+    KINDS.plain = tuple(c for c in KINDS.plain if c is not cls)
+    KINDS.lean = tuple(c for c in KINDS.lean if c is not cls)
     for classes in _watchers():
         classes.discard(cls)
 
 
-_PLAIN: tuple[type, ...] = (Server, LeanServer, LeanServerNoDelay)
-_SEND_LIMIT = Server.SEND_LIMIT   # (more at once: through ``writeSomeData``)
-
-
-def register_push_producer(transport: Any, producer: Any) -> None:
-    """``transport.registerProducer(producer, True)``; on a ``LeanServer`` without the
-    calls through Twisted's TLS check (``_newtls.ConnectionMixin``), and with
-    ``streamingProducer`` left at its class default."""
-    if (type(transport) in _LEAN and transport.producer is None
-            and not transport.disconnected and not transport.TLS):
-        transport.producer = producer
-    else:
-        transport.registerProducer(producer, True)
-
-
-_LEAN: tuple[type, ...] = (LeanServer, LeanServerNoDelay)
-
-
-def send(transport: Any, data: bytes) -> None:
-    """``transport.write(data)``, sent at once when that changes nothing else."""
-    if (type(transport) in _PLAIN and transport.connected and not transport._tempDataLen
-            and transport.offset >= len(transport.dataBuffer)
-            and not transport.disconnecting and not transport._writeDisconnected
-            and not transport._aborting):   # (``abortConnection``: nothing more goes out)
-        # The socket's own ``send``, which ``writeSomeData`` calls through a
-        # memoryview and ``untilConcludes`` (two Python calls more a write; a paced
-        # message is two writes).  Would block, interrupted, or lost: ``write``
-        # buffers what is left, and its next write finds the error.
-        if len(data) <= _SEND_LIMIT:
-            try:
-                sent = transport.socket.send(data)
-            except OSError:
-                sent = 0
-        else:
-            sent = transport.writeSomeData(data)   # (its first SEND_LIMIT bytes)
-            if not isinstance(sent, int):   # (the connection is lost)
-                sent = 0
-        if sent >= len(data):
-            return
-        if sent:
-            data = data[sent:]
-    transport.write(data)
-
-
-def plain_tcp(transport: Any) -> bool:
-    """A plain (not TLS, not WebSocket) TCP server transport."""
-    return type(transport) in _PLAIN
+KINDS.plain = (Server, LeanServer, LeanServerNoDelay)
+KINDS.lean = (LeanServer, LeanServerNoDelay)
 
 
 def others_waiting(reactor: Any, own_fd: int) -> bool:

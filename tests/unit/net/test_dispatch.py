@@ -304,11 +304,13 @@ class _ListeningPort:
 
 @pytest.fixture(autouse=True)
 def _tables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``net.tcp``'s tuples and watched sets as they were before each test."""
+    """``net.sending``'s tuples and ``net.tcp``'s watched sets as they were before each
+    test."""
     from mqttamqp.net import tcp as lean_tcp
+    from mqttamqp.net.sending import KINDS
 
-    monkeypatch.setattr(lean_tcp, "_PLAIN", lean_tcp._PLAIN)
-    monkeypatch.setattr(lean_tcp, "_LEAN", lean_tcp._LEAN)
+    monkeypatch.setattr(KINDS, "plain", KINDS.plain)
+    monkeypatch.setattr(KINDS, "lean", KINDS.lean)
     monkeypatch.setattr(lean_tcp, "_WATCHERS", list(lean_tcp._WATCHERS))
 
 
@@ -318,6 +320,7 @@ def test_a_lean_ports_own_class_takes_the_shortcut_until_its_port_stops() -> Non
     dispatch was installed or after; once its port stops (``_forget``, from its
     ``connectionLost``) it leaves the tuples and every watched set."""
     from mqttamqp.net import tcp as lean_tcp
+    from mqttamqp.net.sending import KINDS, plain_tcp
 
     def send(peer: socket.socket) -> None:
         peer.send(b"abc")
@@ -335,14 +338,14 @@ def test_a_lean_ports_own_class_takes_the_shortcut_until_its_port_stops() -> Non
         after = lean_tcp._for_port(LeanServer, _ListeningPort())
         protocol = _Recorder()
         transport, peer = _transport(after, reactor, protocol)
-        assert lean_tcp.plain_tcp(transport)   # (and ``send``: the same tuple)
+        assert plain_tcp(transport)   # (and ``send``: the same tuple)
         peer.send(b"abc")
         reactor.doIteration(1.0)
         assert protocol.events == [b"abc"] and generic == []
         lean_tcp._forget(before)     # (its port stopped listening)
-        assert before not in lean_tcp._PLAIN and before not in lean_tcp._LEAN
+        assert before not in KINDS.plain and before not in KINDS.lean
         assert all(before not in classes for classes in lean_tcp._watchers())
-        assert after in lean_tcp._PLAIN and after in lean_tcp._LEAN
+        assert after in KINDS.plain and after in KINDS.lean
         peer.close()
     finally:
         reactor.removeAll()

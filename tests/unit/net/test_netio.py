@@ -19,7 +19,8 @@ from twisted.internet.tcp import Port, Server
 from twisted.python.failure import Failure
 
 from mqttamqp.net.accept import ACCEPT_PAUSE, AcceptRefusals, watch_accept_errors
-from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay, lean_port, plain_tcp
+from mqttamqp.net.sending import KINDS, plain_tcp
+from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay, lean_port
 
 
 class _Reactor:
@@ -183,7 +184,7 @@ def test_a_stopped_lean_port_leaves_the_tables_and_is_not_kept_alive() -> None:
 
     from mqttamqp.net import tcp as lean_tcp
 
-    plain, lean = len(lean_tcp._PLAIN), len(lean_tcp._LEAN)
+    plain, lean = len(KINDS.plain), len(KINDS.lean)
     watched: set[type] = {LeanServer, LeanServerNoDelay}
     lean_tcp.watch_port_classes(watched)
     factory = Factory.forProtocol(Protocol)
@@ -193,12 +194,12 @@ def test_a_stopped_lean_port_leaves_the_tables_and_is_not_kept_alive() -> None:
     port.startListening()
     lean_port(port)
     own = port.transport
-    assert own in lean_tcp._PLAIN and own in lean_tcp._LEAN and own in watched
+    assert own in KINDS.plain and own in KINDS.lean and own in watched
     assert own.server is port
     _stop_port(port)
-    assert own not in lean_tcp._PLAIN and own not in lean_tcp._LEAN
+    assert own not in KINDS.plain and own not in KINDS.lean
     assert own not in watched
-    assert (len(lean_tcp._PLAIN), len(lean_tcp._LEAN)) == (plain, lean)
+    assert (len(KINDS.plain), len(KINDS.lean)) == (plain, lean)
     del factory, port
     gc.collect()
     assert gone() is None
@@ -587,10 +588,10 @@ class _WriterStub:
 
 
 def test_send_writes_to_the_socket_at_once_and_buffers_what_it_does_not_take() -> None:
-    """``net.tcp.send``: with nothing buffered the bytes go to the socket in the call;
+    """``net.sending.send``: with nothing buffered the bytes go to the socket in the call;
     what a full socket does not take stays in the transport's buffer, in order (that a
     later write queues behind it is the next test's)."""
-    from mqttamqp.net.tcp import send
+    from mqttamqp.net.sending import send
 
     socketmod = socket
     ours, theirs = socketmod.socketpair()
@@ -636,7 +637,7 @@ def _drain(peer: socket.socket, into: bytearray) -> None:
 def test_a_later_send_queues_behind_buffered_bytes_even_when_the_socket_has_room() -> None:
     """After a partial send and the peer drained, a second send never overtakes the
     first's buffered rest."""
-    from mqttamqp.net.tcp import send
+    from mqttamqp.net.sending import send
 
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
@@ -666,7 +667,7 @@ def test_a_later_send_queues_behind_buffered_bytes_even_when_the_socket_has_room
 def test_send_after_abort_connection_writes_nothing() -> None:
     """After ``abortConnection`` (its ``connectionLost`` not yet run) ``send`` gives
     the socket nothing, as Twisted's ``write`` gives it nothing."""
-    from mqttamqp.net.tcp import send
+    from mqttamqp.net.sending import send
 
     for write in (lambda s: s.write(b"after-abort"), lambda s: send(s, b"after-abort")):
         ours, theirs = socket.socketpair()
@@ -688,7 +689,7 @@ def test_send_after_abort_connection_writes_nothing() -> None:
 def test_push_producer_registered_on_a_lean_transport_is_paused_by_twisted() -> None:
     """``register_push_producer`` on a LeanServer sets the producer without a dict
     entry for ``streamingProducer``, and Twisted pauses it when its buffer is full."""
-    from mqttamqp.net.tcp import register_push_producer
+    from mqttamqp.net.sending import register_push_producer
 
     class _Producer:
         paused = 0
