@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from compiled import COMPILED
 
 from mqttamqp.core import message, persistence
 from mqttamqp.core.routing import published
@@ -80,8 +81,8 @@ def test_final_records_are_values() -> None:
     assert m.with_retain(True) == message.Message("t", b"x", 1, True, props=m.props)
     assert m.with_retain(False) is m
     assert published.ROUTED == published.Published()
-    if not getattr(packets, "__file__", "").endswith(".py"):
-        return   # compiled: native classes
+    if COMPILED:
+        return   # native classes
     assert not hasattr(a, "__dict__") and not hasattr(m, "__dict__")
     with pytest.raises(AttributeError):
         a.extra = 1  # type: ignore[attr-defined]
@@ -90,9 +91,10 @@ def test_final_records_are_values() -> None:
 def test_the_records_are_native_in_the_compiled_build() -> None:
     """In the compiled build the hot records are mypyc's native classes (C fields, a
     compiled ``__init__``), not interpreted dataclasses."""
-    if packets.__file__ is None or packets.__file__.endswith(".py"):
+    if not COMPILED:
         pytest.skip("pure Python build")
-    for cls in (Publish, packets.Puback, packets.Connect, message.Message):
+    for cls in (Publish, packets.Puback, packets.Connect, message.Message,
+                published.Published):
         assert hasattr(cls, "__mypyc_attrs__"), cls
         assert type(cls.__init__).__name__ != "function", cls
     assert sys.modules[Publish.__module__] is packets
