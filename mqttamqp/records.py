@@ -18,11 +18,12 @@ mypy rejects an assignment to it anywhere else, so they are as read-only to mypy
 mypyc compiles as a native class (C fields, a compiled ``__init__``).  At run time it
 is a dataclass with ``unsafe_hash`` like ``@record``'s (equality, hash, ``repr``,
 ``dataclasses.replace``), slotted in the pure build (a native class has no instance
-dict anyway).  Defaults are the ``__init__``'s.  A field that equality and ``repr``
-leave out is named in a ``ClassVar`` ``_uncompared`` tuple (``field(compare=False)``
-would give the field a value in the body, which ``Final`` forbids).  A native class is
-not picklable (its ``__new__`` calls ``__init__``): records are never pickled (the
-store keeps plain values: ``store.models``).
+dict anyway).  Defaults are the ``__init__``'s.  A field that equality (and the hash)
+leave out is named in a ``ClassVar`` tuple ``_uncompared``, one that ``repr`` leaves
+out in ``_unshown`` (``field(compare=False)`` would give the field a value in the
+body, which ``Final`` forbids).  A native class is not picklable (its ``__new__``
+calls ``__init__``): records are never pickled (the store keeps plain values:
+``store.models``).
 """
 
 from __future__ import annotations
@@ -46,12 +47,15 @@ if TYPE_CHECKING:
 else:
     def final_record(cls: type[Any]) -> type[Any]:
         uncompared = cls.__dict__.get("_uncompared", ())
-        if uncompared:
+        unshown = cls.__dict__.get("_unshown", ())
+        if uncompared or unshown:
             # mypyc gives the dataclass the annotations as types, ClassVar lost.
             annotations = inspect.get_annotations(cls)
             annotations.pop("_uncompared", None)
+            annotations.pop("_unshown", None)
             cls.__annotations__ = annotations
-            for name in uncompared:
-                setattr(cls, name, field(compare=False, repr=False))
+            for name in {*uncompared, *unshown}:
+                setattr(cls, name, field(compare=name not in uncompared,
+                                         repr=name not in unshown))
         # A native class (mypyc) is changed in place: mypyc ignores what is returned.
         return dataclass(slots=not hasattr(cls, "__mypyc_attrs__"), unsafe_hash=True)(cls)

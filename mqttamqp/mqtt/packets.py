@@ -270,6 +270,7 @@ class Publish:
     # part of its value (equality, hash, ``encode``).
     wire: Final[bytes | None]
     _uncompared: ClassVar[tuple[str, ...]] = ("wire",)
+    _unshown: ClassVar[tuple[str, ...]] = ("wire",)
 
     def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                  dup: bool = False, packet_id: int | None = None,

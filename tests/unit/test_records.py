@@ -81,6 +81,9 @@ def test_final_records_are_values() -> None:
     assert m.with_retain(True) == message.Message("t", b"x", 1, True, props=m.props)
     assert m.with_retain(False) is m
     assert published.ROUTED == published.Published()
+    put = persistence.PutQueued("c", 1, persistence.StoredQueued(m, 1), first=True)
+    assert put == persistence.PutQueued("c", 1, persistence.StoredQueued(m, 1))
+    assert "first=True" in repr(put)
     if COMPILED:
         return   # native classes
     assert not hasattr(a, "__dict__") and not hasattr(m, "__dict__")
@@ -94,7 +97,7 @@ def test_the_records_are_native_in_the_compiled_build() -> None:
     if not COMPILED:
         pytest.skip("pure Python build")
     for cls in (Publish, packets.Puback, packets.Connect, message.Message,
-                published.Published):
+                published.Published, persistence.PutQueued, persistence.StoredQueued):
         assert hasattr(cls, "__mypyc_attrs__"), cls
         assert type(cls.__init__).__name__ != "function", cls
     assert sys.modules[Publish.__module__] is packets
