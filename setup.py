@@ -38,6 +38,7 @@ mqtt/codec.py mqtt/reading.py mqtt/flows.py mqtt/protocol.py mqtt/outbound.py
 mqtt/packets.py mqtt/decoders.py mqtt/executor.py mqtt/connection.py mqtt/link.py
 mqtt/closing.py mqtt/decisions.py mqtt/deadlines.py mqtt/bodies.py mqtt/handshake.py
 mqtt/inspect.py mqtt/fields.py
+core/routing/published.py core/persistence.py
 core/routing/router.py core/routing/subscriptions.py core/routing/publishing.py
 core/routing/settlement.py core/routing/topicstats.py core/sessions/session.py
 core/sessions/window.py core/sessions/entries.py core/sessions/extras.py

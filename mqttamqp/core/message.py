@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Final
 
-from mqttamqp.records import record
+from mqttamqp.records import final_record
 
 __all__ = ["Message", "MessageProperties", "WillMessage", "body_size", "stub"]
 
 
-@record
+@final_record
 class MessageProperties:
     """What an MQTT 5 publisher said about its message beyond topic and payload,
     kept in the protocol-neutral form the core stores and forwards.
@@ -26,15 +27,26 @@ class MessageProperties:
     retained store), and what is left of it is forwarded.
     """
 
-    payload_format: int | None = None      # 1: the payload is UTF-8 text
-    expiry_interval: int | None = None
-    content_type: str | None = None
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    user_properties: tuple[tuple[str, str], ...] = ()
+    payload_format: Final[int | None]  # 1: the payload is UTF-8 text
+    expiry_interval: Final[int | None]
+    content_type: Final[str | None]
+    response_topic: Final[str | None]
+    correlation_data: Final[bytes | None]
+    user_properties: Final[tuple[tuple[str, str], ...]]
+
+    def __init__(self, payload_format: int | None = None,
+                 expiry_interval: int | None = None, content_type: str | None = None,
+                 response_topic: str | None = None, correlation_data: bytes | None = None,
+                 user_properties: tuple[tuple[str, str], ...] = ()) -> None:
+        self.payload_format = payload_format
+        self.expiry_interval = expiry_interval
+        self.content_type = content_type
+        self.response_topic = response_topic
+        self.correlation_data = correlation_data
+        self.user_properties = user_properties
 
 
-@record
+@final_record
 class Message:
     """A routed message.
 
@@ -53,24 +65,42 @@ class Message:
     receivers only.
     """
 
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    publisher: str | None = None
-    timestamp: float = 0.0
-    dup: bool = False
-    native: bytes | None = None
-    amqp_only: bool = False
-    props: MessageProperties | None = None   # MQTT 5 properties (None: none given)
+    topic: Final[str]
+    payload: Final[bytes]
+    qos: Final[int]
+    retain: Final[bool]
+    publisher: Final[str | None]
+    timestamp: Final[float]
+    dup: Final[bool]
+    native: Final[bytes | None]
+    amqp_only: Final[bool]
+    props: Final[MessageProperties | None]  # MQTT 5 properties (None: none given)
     # From an AMQP 0.9.1 publisher: its content header's properties as sent (property
     # flags and values), what 0.9.1 consumers get (``amqp091.properties``); the core
     # never looks inside.
-    amqp091: bytes | None = None
+    amqp091: Final[bytes | None]
     # The priority its publisher gave (AMQP 1.0 header priority, 0.9.1 basic
     # property priority; None: not given).  Only a queue with priority levels reads
     # it (``core.queues.priority``); MQTT gives none.
-    priority: int | None = None
+    priority: Final[int | None]
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                 publisher: str | None = None, timestamp: float = 0.0, dup: bool = False,
+                 native: bytes | None = None, amqp_only: bool = False,
+                 props: MessageProperties | None = None, amqp091: bytes | None = None,
+                 priority: int | None = None) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.publisher = publisher
+        self.timestamp = timestamp
+        self.dup = dup
+        self.native = native
+        self.amqp_only = amqp_only
+        self.props = props
+        self.amqp091 = amqp091
+        self.priority = priority
 
     def expired(self, now: float) -> bool:
         """Past its message expiry interval (never, without one)."""
@@ -105,7 +135,7 @@ def stub(message: Message) -> Message:
                    m.amqp_only, m.props, m.amqp091, m.priority)
 
 
-@record
+@final_record
 class WillMessage:
     """A stored will: published on behalf of ``owner`` when it drops without a clean close.
 
@@ -113,15 +143,28 @@ class WillMessage:
     by link name).
     """
 
-    owner: str
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    origin: str = "mqtt"
-    created: float = 0.0
-    props: MessageProperties | None = None   # MQTT 5 will properties
-    delay: float = 0.0                       # MQTT 5 will delay interval, seconds
+    owner: Final[str]
+    topic: Final[str]
+    payload: Final[bytes]
+    qos: Final[int]
+    retain: Final[bool]
+    origin: Final[str]
+    created: Final[float]
+    props: Final[MessageProperties | None]  # MQTT 5 will properties
+    delay: Final[float]  # MQTT 5 will delay interval, seconds
+
+    def __init__(self, owner: str, topic: str, payload: bytes, qos: int, retain: bool,
+                 origin: str = "mqtt", created: float = 0.0,
+                 props: MessageProperties | None = None, delay: float = 0.0) -> None:
+        self.owner = owner
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.origin = origin
+        self.created = created
+        self.props = props
+        self.delay = delay
 
     def as_message(self, timestamp: float) -> Message:
         return Message(self.topic, self.payload, self.qos, self.retain, self.owner, timestamp,

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol
 
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.records import record
+from mqttamqp.records import final_record, record
 
 if TYPE_CHECKING:  # the contract names Twisted's Deferred; nothing here runs Twisted
     from twisted.internet.defer import Deferred
@@ -38,32 +38,47 @@ __all__ = [
 class QueuedState:
     """Where an outbound QoS 1/2 message of a persistent session stands."""
 
-    QUEUED = "queued"      # not yet sent on the current connection
-    SENT = "sent"          # PUBLISH sent, waiting for PUBACK / PUBREC
-    RELEASED = "released"  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
+    QUEUED: Final = "queued"      # not yet sent on the current connection
+    SENT: Final = "sent"          # PUBLISH sent, waiting for PUBACK / PUBREC
+    RELEASED: Final = "released"  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
 
 
-@record
+@final_record
 class StoredQueued:
-    message: Message
-    qos: int                       # delivery QoS (min(publish, granted))
-    state: str = QueuedState.QUEUED
-    packet_id: int | None = None
+    message: Final[Message]
+    qos: Final[int]  # delivery QoS (min(publish, granted))
+    state: Final[str]
+    packet_id: Final[int | None]
     # MQTT 5: the subscription identifiers found when it was routed (MQTT 5 §3.3.4:
     # those of the subscriptions it was published as a result of), so a redelivery
     # carries the same ones whether or not the broker restarted.  None: a record
     # stored before they were kept (found again from the subscriptions at restore).
-    subscription_ids: tuple[int, ...] | None = ()
+    subscription_ids: Final[tuple[int, ...] | None]
+
+    def __init__(self, message: Message, qos: int, state: str = QueuedState.QUEUED,
+                 packet_id: int | None = None,
+                 subscription_ids: tuple[int, ...] | None = ()) -> None:
+        self.message = message
+        self.qos = qos
+        self.state = state
+        self.packet_id = packet_id
+        self.subscription_ids = subscription_ids
 
 
-@record
+@final_record
 class PutRetained:
-    message: Message
+    message: Final[Message]
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
 
 
-@record
+@final_record
 class DeleteRetained:
-    topic: str
+    topic: Final[str]
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
 
 
 @record
@@ -71,46 +86,71 @@ class ClearRetained:
     """Delete every retained message (used by the console's delete-all)."""
 
 
-@record
+@final_record
 class PutWill:
-    will: WillMessage
+    will: Final[WillMessage]
+
+    def __init__(self, will: WillMessage) -> None:
+        self.will = will
 
 
-@record
+@final_record
 class DeleteWill:
-    owner: str
+    owner: Final[str]
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
 
 
-@record
+@final_record
 class PutSession:
     """Create the persistent session if missing and record when it was last seen
     (and, when given, the user that owns it)."""
 
-    client_id: str
-    last_seen: float
-    owner: str | None = None
-    expiry: float | None = None   # MQTT 5 session expiry interval (None: --session-expiry)
+    client_id: Final[str]
+    last_seen: Final[float]
+    owner: Final[str | None]
+    expiry: Final[float | None]  # MQTT 5 session expiry interval (None: --session-expiry)
+
+    def __init__(self, client_id: str, last_seen: float, owner: str | None = None,
+                 expiry: float | None = None) -> None:
+        self.client_id = client_id
+        self.last_seen = last_seen
+        self.owner = owner
+        self.expiry = expiry
 
 
-@record
+@final_record
 class DeleteSession:
-    client_id: str
+    client_id: Final[str]
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
 
 
-@record
+@final_record
 class PutSubscription:
-    client_id: str
-    topic_filter: str
-    qos: int
+    client_id: Final[str]
+    topic_filter: Final[str]
+    qos: Final[int]
+
+    def __init__(self, client_id: str, topic_filter: str, qos: int) -> None:
+        self.client_id = client_id
+        self.topic_filter = topic_filter
+        self.qos = qos
 
 
-@record
+@final_record
 class DeleteSubscription:
-    client_id: str
-    topic_filter: str
+    client_id: Final[str]
+    topic_filter: Final[str]
+
+    def __init__(self, client_id: str, topic_filter: str) -> None:
+        self.client_id = client_id
+        self.topic_filter = topic_filter
 
 
-@record
+@final_record
 class PutQueued:
     """Insert or replace the queue entry ``seq`` of a persistent session.
 
@@ -127,99 +167,158 @@ class PutQueued:
     equality.
     """
 
-    client_id: str
-    seq: int
-    entry: StoredQueued
-    first: bool = field(default=False, compare=False)
-    online: bool = field(default=False, compare=False)
+    client_id: Final[str]
+    seq: Final[int]
+    entry: Final[StoredQueued]
+    first: Final[bool]
+    online: Final[bool]
+    _uncompared: ClassVar[tuple[str, ...]] = ("first", "online")
+
+    def __init__(self, client_id: str, seq: int, entry: StoredQueued, first: bool = False,
+                 online: bool = False) -> None:
+        self.client_id = client_id
+        self.seq = seq
+        self.entry = entry
+        self.first = first
+        self.online = online
 
 
-@record
+@final_record
 class DeleteQueued:
-    client_id: str
-    seq: int
+    client_id: Final[str]
+    seq: Final[int]
+
+    def __init__(self, client_id: str, seq: int) -> None:
+        self.client_id = client_id
+        self.seq = seq
 
 
-@record
+@final_record
 class PutInboundQos2:
-    client_id: str
-    packet_id: int
+    client_id: Final[str]
+    packet_id: Final[int]
+
+    def __init__(self, client_id: str, packet_id: int) -> None:
+        self.client_id = client_id
+        self.packet_id = packet_id
 
 
-@record
+@final_record
 class DeleteInboundQos2:
-    client_id: str
-    packet_id: int
+    client_id: Final[str]
+    packet_id: Final[int]
+
+    def __init__(self, client_id: str, packet_id: int) -> None:
+        self.client_id = client_id
+        self.packet_id = packet_id
 
 
-@record
+@final_record
 class PutBan:
     """A ban (``mqttamqp.security.bans``): who may not connect, until when, and why."""
 
-    kind: str                      # "client_id", "user" or "address"
-    value: str
-    until: float | None            # None: for good
-    reason: str
-    created: float
-    by: str                        # the console user who set it
+    kind: Final[str]  # "client_id", "user" or "address"
+    value: Final[str]
+    until: Final[float | None]  # None: for good
+    reason: Final[str]
+    created: Final[float]
+    by: Final[str]  # the console user who set it
+
+    def __init__(self, kind: str, value: str, until: float | None, reason: str,
+                 created: float, by: str) -> None:
+        self.kind = kind
+        self.value = value
+        self.until = until
+        self.reason = reason
+        self.created = created
+        self.by = by
 
 
-@record
+@final_record
 class DeleteBan:
-    kind: str
-    value: str
+    kind: Final[str]
+    value: Final[str]
+
+    def __init__(self, kind: str, value: str) -> None:
+        self.kind = kind
+        self.value = value
 
 
 # -- durable queues (``mqttamqp.core.queues.manager``) -------------------------------------
 
 
-@record
+@final_record
 class PutQueue:
     """Create queue ``name`` if missing; set its retention (max age seconds, max
     bytes, max messages; None: no bound of that kind) and, as a fourth field when
     it has them, its priority levels (``Retention.as_tuple``)."""
 
-    name: str
-    retention: tuple[float | int | None, ...]
+    name: Final[str]
+    retention: Final[tuple[float | int | None, ...]]
+
+    def __init__(self, name: str, retention: tuple[float | int | None, ...]) -> None:
+        self.name = name
+        self.retention = retention
 
 
-@record
+@final_record
 class DeleteQueue:
-    name: str
+    name: Final[str]
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-@record
+@final_record
 class PutQueueMessage:
-    queue: str
-    offset: int
-    message: Message
+    queue: Final[str]
+    offset: Final[int]
+    message: Final[Message]
+
+    def __init__(self, queue: str, offset: int, message: Message) -> None:
+        self.queue = queue
+        self.offset = offset
+        self.message = message
 
 
-@record
+@final_record
 class DeleteQueueMessage:
-    queue: str
-    offset: int
+    queue: Final[str]
+    offset: Final[int]
+
+    def __init__(self, queue: str, offset: int) -> None:
+        self.queue = queue
+        self.offset = offset
 
 
-@record
+@final_record
 class TrimQueue:
     """Delete every message of ``queue`` below ``upto`` (which becomes its head)."""
 
-    queue: str
-    upto: int
+    queue: Final[str]
+    upto: Final[int]
+
+    def __init__(self, queue: str, upto: int) -> None:
+        self.queue = queue
+        self.upto = upto
 
 
-@record
+@final_record
 class QueueDone:
     """``offsets`` of ``queue`` are done for classic group ``group`` (acknowledged,
     dead-lettered, or not for it); the store advances the group's floor over them."""
 
-    queue: str
-    group: str
-    offsets: tuple[int, ...]
+    queue: Final[str]
+    group: Final[str]
+    offsets: Final[tuple[int, ...]]
+
+    def __init__(self, queue: str, group: str, offsets: tuple[int, ...]) -> None:
+        self.queue = queue
+        self.group = group
+        self.offsets = offsets
 
 
-@record
+@final_record
 class QueueGroupRecord:
     """A consumer group's durable state but its done offsets (``QueueDone``).
 
@@ -234,29 +333,53 @@ class QueueGroupRecord:
     ``members``: client id -> granted QoS | 4 if it acknowledges explicitly, for
     persistent sessions (they are members again when they come back)."""
 
-    name: str
-    filter: str
-    mode: str
-    floor: int
-    watermark: int
-    done: tuple[int, ...] = ()
-    counts: tuple[tuple[int, int], ...] = ()
-    members: tuple[tuple[str, int], ...] = ()
-    cursor: int = 0
-    levels: tuple[tuple[int, int], ...] = ()
+    name: Final[str]
+    filter: Final[str]
+    mode: Final[str]
+    floor: Final[int]
+    watermark: Final[int]
+    done: Final[tuple[int, ...]]
+    counts: Final[tuple[tuple[int, int], ...]]
+    members: Final[tuple[tuple[str, int], ...]]
+    cursor: Final[int]
+    levels: Final[tuple[tuple[int, int], ...]]
+
+    def __init__(self, name: str, filter: str, mode: str, floor: int, watermark: int,
+                 done: tuple[int, ...] = (), counts: tuple[tuple[int, int], ...] = (),
+                 members: tuple[tuple[str, int], ...] = (), cursor: int = 0,
+                 levels: tuple[tuple[int, int], ...] = ()) -> None:
+        self.name = name
+        self.filter = filter
+        self.mode = mode
+        self.floor = floor
+        self.watermark = watermark
+        self.done = done
+        self.counts = counts
+        self.members = members
+        self.cursor = cursor
+        self.levels = levels
 
 
-@record
+@final_record
 class PutQueueGroup:
-    queue: str
-    group: str
-    state: QueueGroupRecord
+    queue: Final[str]
+    group: Final[str]
+    state: Final[QueueGroupRecord]
+
+    def __init__(self, queue: str, group: str, state: QueueGroupRecord) -> None:
+        self.queue = queue
+        self.group = group
+        self.state = state
 
 
-@record
+@final_record
 class DeleteQueueGroup:
-    queue: str
-    group: str
+    queue: Final[str]
+    group: Final[str]
+
+    def __init__(self, queue: str, group: str) -> None:
+        self.queue = queue
+        self.group = group
 
 
 # -- AMQP 0.9.1's model (``mqttamqp.core.exchanges``) ----------------------------------
@@ -264,50 +387,81 @@ class DeleteQueueGroup:
 # (``exchanges.queuedecl.freeze``).
 
 
-@record
+@final_record
 class PutExchange:
     """A durable exchange as declared (created or replaced)."""
 
-    name: str
-    kind: str
-    auto_delete: bool = False
-    internal: bool = False
-    arguments: tuple[tuple[str, object], ...] = ()
+    name: Final[str]
+    kind: Final[str]
+    auto_delete: Final[bool]
+    internal: Final[bool]
+    arguments: Final[tuple[tuple[str, object], ...]]
+
+    def __init__(self, name: str, kind: str, auto_delete: bool = False,
+                 internal: bool = False, arguments: tuple[tuple[str, object], ...] = ()) -> None:
+        self.name = name
+        self.kind = kind
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = arguments
 
 
-@record
+@final_record
 class DeleteExchange:
-    name: str
+    name: Final[str]
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-@record
+@final_record
 class PutBinding:
     """A binding between two durable ends: ``source`` exchange to ``destination``
     (a queue, or an exchange when ``to_exchange``)."""
 
-    source: str
-    destination: str
-    to_exchange: bool
-    routing_key: str
-    arguments: tuple[tuple[str, object], ...] = ()
+    source: Final[str]
+    destination: Final[str]
+    to_exchange: Final[bool]
+    routing_key: Final[str]
+    arguments: Final[tuple[tuple[str, object], ...]]
+
+    def __init__(self, source: str, destination: str, to_exchange: bool, routing_key: str,
+                 arguments: tuple[tuple[str, object], ...] = ()) -> None:
+        self.source = source
+        self.destination = destination
+        self.to_exchange = to_exchange
+        self.routing_key = routing_key
+        self.arguments = arguments
 
 
-@record
+@final_record
 class DeleteBinding:
-    source: str
-    destination: str
-    to_exchange: bool
-    routing_key: str
-    arguments: tuple[tuple[str, object], ...] = ()
+    source: Final[str]
+    destination: Final[str]
+    to_exchange: Final[bool]
+    routing_key: Final[str]
+    arguments: Final[tuple[tuple[str, object], ...]]
+
+    def __init__(self, source: str, destination: str, to_exchange: bool, routing_key: str,
+                 arguments: tuple[tuple[str, object], ...] = ()) -> None:
+        self.source = source
+        self.destination = destination
+        self.to_exchange = to_exchange
+        self.routing_key = routing_key
+        self.arguments = arguments
 
 
-@record
+@final_record
 class PutQueueArguments:
     """What AMQP 0.9.1 declared durable queue ``name`` with (its arguments); the
     queue is created if missing (as ``PutQueue`` does)."""
 
-    name: str
-    arguments: tuple[tuple[str, object], ...] = ()
+    name: Final[str]
+    arguments: Final[tuple[tuple[str, object], ...]]
+
+    def __init__(self, name: str, arguments: tuple[tuple[str, object], ...] = ()) -> None:
+        self.name = name
+        self.arguments = arguments
 
 
 Op = (

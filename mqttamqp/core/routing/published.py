@@ -20,7 +20,7 @@ from mqttamqp.core.queues.addresses import Refusal
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.records import record
+from mqttamqp.records import final_record
 
 __all__ = ["Gate", "Published", "ROUTED", "SUBSCRIBE_FAILURE", "release_held"]
 
@@ -91,7 +91,7 @@ class Gate:
         return failure
 
 
-@record
+@final_record
 class Published:
     """What a publish did.
 
@@ -113,14 +113,27 @@ class Published:
     (its ``when_answered``).
     """
 
-    durable: Deferred[None] | None = None
-    congested: Sequence[Congestible] = _NO_SESSIONS
-    denied: bool = False
-    gate: Gate | None = None
-    dropped: int = 0
-    refusal: Refusal | None = None
-    blocked: bool = False
-    waiter: CommitRound | None = None
+    durable: Final[Deferred[None] | None]
+    congested: Final[Sequence[Congestible]]
+    denied: Final[bool]
+    gate: Final[Gate | None]
+    dropped: Final[int]
+    refusal: Final[Refusal | None]
+    blocked: Final[bool]
+    waiter: Final[CommitRound | None]
+
+    def __init__(self, durable: Deferred[None] | None = None,
+                 congested: Sequence[Congestible] = _NO_SESSIONS, denied: bool = False,
+                 gate: Gate | None = None, dropped: int = 0, refusal: Refusal | None = None,
+                 blocked: bool = False, waiter: CommitRound | None = None) -> None:
+        self.durable = durable
+        self.congested = congested
+        self.denied = denied
+        self.gate = gate
+        self.dropped = dropped
+        self.refusal = refusal
+        self.blocked = blocked
+        self.waiter = waiter
 
 
 #: Routed, nothing to wait for, nobody congested, nothing dropped: the one answer

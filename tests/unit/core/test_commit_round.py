@@ -21,7 +21,7 @@ from mqttamqp.core.queues.addresses import QueueAddress
 
 
 def _op(name: str) -> Op:
-    return PutQueue(name, None)
+    return PutQueue(name, ())
 
 
 class _Outcomes:
