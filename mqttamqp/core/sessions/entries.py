@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, MutableSet
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
@@ -126,9 +126,9 @@ class OutEntry:
             message, self.qos, self.state, self.packet_id, self.subscription_ids), first, online)
 
 
-NO_OPS: list[Op] = []
+NO_OPS: Final[list[Op]] = []
 # A delivery without MQTT 5 subscription identifiers (every MQTT 3.1.1 and AMQP one).
-NO_SUBSCRIPTION_IDS: tuple[int, ...] = ()
+NO_SUBSCRIPTION_IDS: Final[tuple[int, ...]] = ()
 
 
 @mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
@@ -196,14 +196,14 @@ class EmptyMap(dict):  # type: ignore[type-arg]
         raise TypeError("a shared empty stand-in is read-only")
 
 
-NEVER = float("inf")   # (``EntryQueue.next_expiry`` with nothing to expire)
+NEVER: Final = float("inf")   # (``EntryQueue.next_expiry`` with nothing to expire)
 
 # Shared empty stand-ins, replaced on first use (read-only until then):
-NO_OPTIONS: dict[str, int] = {}
-NO_EXPIRED: list[Op] = []
-NO_QUEUE = cast("deque[OutEntry]", NoEntries())
+NO_OPTIONS: Final[dict[str, int]] = {}
+NO_EXPIRED: Final[list[Op]] = []
+NO_QUEUE: Final = cast("deque[OutEntry]", NoEntries())
 # (``NO_IDS`` is typed a ``MutableSet``, not a ``set``: a build compiled with mypyc
 # checks that a value typed ``set`` is one; the frozenset is not)
-NO_IDS = cast("MutableSet[int]", NoIds())
-NO_INFLIGHT = cast("dict[int, OutEntry]", EmptyMap())
-NO_SUBSCRIPTIONS = cast("dict[str, int]", EmptyMap())
+NO_IDS: Final = cast("MutableSet[int]", NoIds())
+NO_INFLIGHT: Final = cast("dict[int, OutEntry]", EmptyMap())
+NO_SUBSCRIPTIONS: Final = cast("dict[str, int]", EmptyMap())

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, MutableSet
 from enum import Enum
+from typing import Final
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -58,11 +59,11 @@ __all__ = ["BacklogBound", "Session", "SessionState", "SessionStateError",
 
 # MQTT 5 subscription options as ``Session.sub_options`` packs them: the options
 # byte's bits above QoS, and the subscription identifier from bit 8 on.
-NO_LOCAL = 0x04
-RETAIN_AS_PUBLISHED = 0x08
-RETAIN_HANDLING = 0x30
+NO_LOCAL: Final = 0x04
+RETAIN_AS_PUBLISHED: Final = 0x08
+RETAIN_HANDLING: Final = 0x30
 
-_SENT = QueuedState.SENT
+_SENT: Final = QueuedState.SENT
 
 
 class SessionState(Enum):
