@@ -16,10 +16,10 @@ from typing import Final, Protocol, cast
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
-from mqttamqp.native import mypyc_attr
+from mqttamqp.native import mypyc_attr, trait
 
-__all__ = ["ClientLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share", "NO_OPS",
-           "NEVER", "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT",
+__all__ = ["ClientLink", "NativeLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share",
+           "NO_OPS", "NEVER", "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT",
            "NO_SUBSCRIPTIONS", "NO_SUBSCRIPTION_IDS"]
 
 
@@ -55,6 +55,23 @@ class ClientLink(Protocol):
 
     def close(self, reason: str) -> None:
         """Broker-initiated close; the link must not call back into the broker."""
+
+
+@trait
+@mypyc_attr(allow_interpreted_subclasses=True)
+class NativeLink:
+    """A ``ClientLink`` compiled with the core (MQTT's ``mqtt.protocol.MQTTProtocol``):
+    in the compiled build ``Session.deliver`` calls its ``send_publish`` through
+    mypyc's vtable, where a call through the ``ClientLink`` protocol is a lookup by
+    name and the method's argument parsing (~330 instructions a delivery).  A link
+    that is not one (AMQP, the gateway, the console's tail) is called as before.  In
+    pure Python a mixin without slots or state."""
+
+    __slots__ = ()
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        raise NotImplementedError
 
 
 class DeliveryReceipt(Protocol):

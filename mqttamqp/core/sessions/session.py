@@ -46,6 +46,7 @@ from mqttamqp.core.sessions.entries import (
     ClientLink,
     DeliveryReceipt,
     EntryQueue,
+    NativeLink,
     OutEntry,
 )
 from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
@@ -325,7 +326,10 @@ class Session(InflightWindow, SessionExtras):
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
-            if subscription_ids:
+            if isinstance(link, NativeLink):   # (compiled: a native call, not by name)
+                native: NativeLink = link
+                native.send_publish(message, 0, None, False, retain, subscription_ids)
+            elif subscription_ids:
                 link.send_publish(message, 0, None, False, retain, subscription_ids)
             else:
                 link.send_publish(message, 0, None, False, retain)
@@ -370,6 +374,10 @@ class Session(InflightWindow, SessionExtras):
             inflight[packet_id] = entry
             if subscription_ids:
                 entry.subscription_ids = subscription_ids
+            if isinstance(link, NativeLink):   # (as for QoS 0)
+                native = link
+                native.send_publish(message, qos, packet_id, False, retain, subscription_ids)
+            elif subscription_ids:
                 link.send_publish(message, qos, packet_id, False, retain, subscription_ids)
             else:
                 link.send_publish(message, qos, packet_id, False, retain)
