@@ -12,12 +12,13 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Final
 
 __all__ = ["BrokerStats", "Histogram", "DELIVER_SAMPLE_MASK"]
 
 # One delivered message in 1024 has its publish-to-deliver latency observed: the
 # per-message cost is one bit test on a counter the send path updates anyway.
-DELIVER_SAMPLE_MASK = 1023
+DELIVER_SAMPLE_MASK: Final = 1023
 
 
 def protocol_family(protocol: str) -> str:

@@ -58,6 +58,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import CAUSE_LOST
+from mqttamqp.core.sessions.entries import NativeLink
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
@@ -106,7 +107,7 @@ _NO_PROPERTIES: Final = b"\x00"
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class MQTTProtocol(ConnectHandshake):
+class MQTTProtocol(ConnectHandshake, NativeLink):
     log: ClassVar[Logger] = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, MutableSet
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
-from mqttamqp.native import mypyc_attr
+from mqttamqp.native import mypyc_attr, trait
 
-__all__ = ["ClientLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share", "NO_OPS",
-           "NEVER", "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT",
+__all__ = ["ClientLink", "NativeLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share",
+           "NO_OPS", "NEVER", "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT",
            "NO_SUBSCRIPTIONS", "NO_SUBSCRIPTION_IDS"]
 
 
@@ -55,6 +55,23 @@ class ClientLink(Protocol):
 
     def close(self, reason: str) -> None:
         """Broker-initiated close; the link must not call back into the broker."""
+
+
+@trait
+@mypyc_attr(allow_interpreted_subclasses=True)
+class NativeLink:
+    """A ``ClientLink`` compiled with the core (MQTT's ``mqtt.protocol.MQTTProtocol``):
+    in the compiled build ``Session.deliver`` calls its ``send_publish`` through
+    mypyc's vtable, where a call through the ``ClientLink`` protocol is a lookup by
+    name and the method's argument parsing (~330 instructions a delivery).  A link
+    that is not one (AMQP, the gateway, the console's tail) is called as before.  In
+    pure Python a mixin without slots or state."""
+
+    __slots__ = ()
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        raise NotImplementedError
 
 
 class DeliveryReceipt(Protocol):
@@ -126,9 +143,9 @@ class OutEntry:
             message, self.qos, self.state, self.packet_id, self.subscription_ids), first, online)
 
 
-NO_OPS: list[Op] = []
+NO_OPS: Final[list[Op]] = []
 # A delivery without MQTT 5 subscription identifiers (every MQTT 3.1.1 and AMQP one).
-NO_SUBSCRIPTION_IDS: tuple[int, ...] = ()
+NO_SUBSCRIPTION_IDS: Final[tuple[int, ...]] = ()
 
 
 @mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
@@ -196,14 +213,14 @@ class EmptyMap(dict):  # type: ignore[type-arg]
         raise TypeError("a shared empty stand-in is read-only")
 
 
-NEVER = float("inf")   # (``EntryQueue.next_expiry`` with nothing to expire)
+NEVER: Final = float("inf")   # (``EntryQueue.next_expiry`` with nothing to expire)
 
 # Shared empty stand-ins, replaced on first use (read-only until then):
-NO_OPTIONS: dict[str, int] = {}
-NO_EXPIRED: list[Op] = []
-NO_QUEUE = cast("deque[OutEntry]", NoEntries())
+NO_OPTIONS: Final[dict[str, int]] = {}
+NO_EXPIRED: Final[list[Op]] = []
+NO_QUEUE: Final = cast("deque[OutEntry]", NoEntries())
 # (``NO_IDS`` is typed a ``MutableSet``, not a ``set``: a build compiled with mypyc
 # checks that a value typed ``set`` is one; the frozenset is not)
-NO_IDS = cast("MutableSet[int]", NoIds())
-NO_INFLIGHT = cast("dict[int, OutEntry]", EmptyMap())
-NO_SUBSCRIPTIONS = cast("dict[str, int]", EmptyMap())
+NO_IDS: Final = cast("MutableSet[int]", NoIds())
+NO_INFLIGHT: Final = cast("dict[int, OutEntry]", EmptyMap())
+NO_SUBSCRIPTIONS: Final = cast("dict[str, int]", EmptyMap())

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, MutableSet
 from enum import Enum
+from typing import Final
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -45,6 +46,7 @@ from mqttamqp.core.sessions.entries import (
     ClientLink,
     DeliveryReceipt,
     EntryQueue,
+    NativeLink,
     OutEntry,
 )
 from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
@@ -58,11 +60,11 @@ __all__ = ["BacklogBound", "Session", "SessionState", "SessionStateError",
 
 # MQTT 5 subscription options as ``Session.sub_options`` packs them: the options
 # byte's bits above QoS, and the subscription identifier from bit 8 on.
-NO_LOCAL = 0x04
-RETAIN_AS_PUBLISHED = 0x08
-RETAIN_HANDLING = 0x30
+NO_LOCAL: Final = 0x04
+RETAIN_AS_PUBLISHED: Final = 0x08
+RETAIN_HANDLING: Final = 0x30
 
-_SENT = QueuedState.SENT
+_SENT: Final = QueuedState.SENT
 
 
 class SessionState(Enum):
@@ -324,7 +326,10 @@ class Session(InflightWindow, SessionExtras):
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
-            if subscription_ids:
+            if isinstance(link, NativeLink):   # (compiled: a native call, not by name)
+                native: NativeLink = link
+                native.send_publish(message, 0, None, False, retain, subscription_ids)
+            elif subscription_ids:
                 link.send_publish(message, 0, None, False, retain, subscription_ids)
             else:
                 link.send_publish(message, 0, None, False, retain)
@@ -369,6 +374,10 @@ class Session(InflightWindow, SessionExtras):
             inflight[packet_id] = entry
             if subscription_ids:
                 entry.subscription_ids = subscription_ids
+            if isinstance(link, NativeLink):   # (as for QoS 0)
+                native = link
+                native.send_publish(message, qos, packet_id, False, retain, subscription_ids)
+            elif subscription_ids:
                 link.send_publish(message, qos, packet_id, False, retain, subscription_ids)
             else:
                 link.send_publish(message, qos, packet_id, False, retain)
