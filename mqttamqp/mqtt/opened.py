@@ -45,7 +45,8 @@ __all__ = ["OpenConnections"]
 # trickle of connects does not make one again for each.
 _KEPT_TABLE_BYTES = 4096
 # Held at most this many since it was last empty, it cannot have grown past that
-# (a dict's table reaches 4 KiB at a resize with 22 entries or more): not measured.
+# (an emptied dict's table reaches 4 KiB only after a resize at 86 entries or
+# more: 4,688 B by sys.getsizeof on 3.11; 43 entries leave 2,264): not measured.
 _FEW = 8
 
 

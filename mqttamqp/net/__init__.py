@@ -3,12 +3,15 @@ public API of Twisted, autobahn or proton for speed or memory, and why.
 
 Modules (each says in its docstring why its trick pays):
 
-* ``tcp``: lean TCP transports. ``send`` writes to the socket at once when
-  nothing is buffered (one epoll round and one reactor turn less per hop);
-  ``lean_port`` swaps a listening port's class (``port.__class__ = LeanPort``) so
-  that a new connection is read in the turn that accepts it, and gives it a
-  ``LeanServer`` transport without per-connection strings; ``others_waiting`` asks
-  the reactor's poller whether another socket has input.
+* ``sending``: ``send`` writes to a plain TCP socket at once when nothing is
+  buffered (one epoll round and one reactor turn less per hop), with
+  ``register_push_producer`` and ``plain_tcp``; the transport classes they know in
+  ``KINDS`` (compiled in the compiled build).
+* ``tcp``: lean TCP transports. ``lean_port`` swaps a listening port's class
+  (``port.__class__ = LeanPort``) so that a new connection is read in the turn
+  that accepts it, and gives it a ``LeanServer`` transport without per-connection
+  strings; ``others_waiting`` asks the reactor's poller whether another socket has
+  input.
 * ``accept``: a listener's accept failures (no descriptor, no memory) as a counter
   and one log line a spell (it replaces the port's private ``_logger``).
 * ``tls``: ``ssl:`` endpoints with TLS 1.2+ and client certificates (it replaces

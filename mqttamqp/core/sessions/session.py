@@ -52,7 +52,7 @@ from mqttamqp.core.sessions.entries import (
 from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
 from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
-from mqttamqp.native import mypyc_attr
+from mqttamqp.native import build, mypyc_attr
 
 __all__ = ["BacklogBound", "Session", "SessionState", "SessionStateError",
            "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
@@ -65,6 +65,9 @@ RETAIN_AS_PUBLISHED: Final = 0x08
 RETAIN_HANDLING: Final = 0x30
 
 _SENT: Final = QueuedState.SENT
+#: The compiled build calls an MQTT link's ``send_publish`` natively (``NativeLink``);
+#: the pure build skips the ``isinstance`` that costs it more than the call saves.
+_NATIVE: Final[bool] = build() == "compiled"
 
 
 class SessionState(Enum):
@@ -326,7 +329,7 @@ class Session(InflightWindow, SessionExtras):
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
-            if isinstance(link, NativeLink):   # (compiled: a native call, not by name)
+            if _NATIVE and isinstance(link, NativeLink):   # (a native call, not by name)
                 native: NativeLink = link
                 native.send_publish(message, 0, None, False, retain, subscription_ids)
             elif subscription_ids:
@@ -374,7 +377,7 @@ class Session(InflightWindow, SessionExtras):
             inflight[packet_id] = entry
             if subscription_ids:
                 entry.subscription_ids = subscription_ids
-            if isinstance(link, NativeLink):   # (as for QoS 0)
+            if _NATIVE and isinstance(link, NativeLink):   # (as for QoS 0)
                 native = link
                 native.send_publish(message, qos, packet_id, False, retain, subscription_ids)
             elif subscription_ids:
