@@ -9,6 +9,13 @@ callback.  At start-up ``load()`` returns a ``Snapshot`` that rebuilds the core.
 This module must not import ZODB or run Twisted (``Deferred`` appears in the
 contract's types only); ``mqttamqp.store`` implements it, and the tests' stores
 are in ``tests/support/fakes.py``.
+
+The operations built per message or delivery (queued entries, retained messages,
+inbound QoS 2 ids, queue messages, trims, done offsets, group states) and on the
+connect path (sessions, subscriptions, wills) are ``@final_record``: native classes
+in the compiled build (``mqttamqp.records``).  The cold ones (bans, the creation
+and deletion of queues and groups, exchanges, bindings, queue arguments) are
+``@record``: interpreted dataclasses there, read by name.
 """
 
 from __future__ import annotations
@@ -213,60 +220,40 @@ class DeleteInboundQos2:
         self.packet_id = packet_id
 
 
-@final_record
+@record
 class PutBan:
     """A ban (``mqttamqp.security.bans``): who may not connect, until when, and why."""
 
-    kind: Final[str]  # "client_id", "user" or "address"
-    value: Final[str]
-    until: Final[float | None]  # None: for good
-    reason: Final[str]
-    created: Final[float]
-    by: Final[str]  # the console user who set it
-
-    def __init__(self, kind: str, value: str, until: float | None, reason: str,
-                 created: float, by: str) -> None:
-        self.kind = kind
-        self.value = value
-        self.until = until
-        self.reason = reason
-        self.created = created
-        self.by = by
+    kind: str  # "client_id", "user" or "address"
+    value: str
+    until: float | None  # None: for good
+    reason: str
+    created: float
+    by: str  # the console user who set it
 
 
-@final_record
+@record
 class DeleteBan:
-    kind: Final[str]
-    value: Final[str]
-
-    def __init__(self, kind: str, value: str) -> None:
-        self.kind = kind
-        self.value = value
+    kind: str
+    value: str
 
 
 # -- durable queues (``mqttamqp.core.queues.manager``) -------------------------------------
 
 
-@final_record
+@record
 class PutQueue:
     """Create queue ``name`` if missing; set its retention (max age seconds, max
     bytes, max messages; None: no bound of that kind) and, as a fourth field when
     it has them, its priority levels (``Retention.as_tuple``)."""
 
-    name: Final[str]
-    retention: Final[tuple[float | int | None, ...]]
-
-    def __init__(self, name: str, retention: tuple[float | int | None, ...]) -> None:
-        self.name = name
-        self.retention = retention
+    name: str
+    retention: tuple[float | int | None, ...]
 
 
-@final_record
+@record
 class DeleteQueue:
-    name: Final[str]
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    name: str
 
 
 @final_record
@@ -372,14 +359,10 @@ class PutQueueGroup:
         self.state = state
 
 
-@final_record
+@record
 class DeleteQueueGroup:
-    queue: Final[str]
-    group: Final[str]
-
-    def __init__(self, queue: str, group: str) -> None:
-        self.queue = queue
-        self.group = group
+    queue: str
+    group: str
 
 
 # -- AMQP 0.9.1's model (``mqttamqp.core.exchanges``) ----------------------------------
@@ -387,81 +370,52 @@ class DeleteQueueGroup:
 # (``exchanges.queuedecl.freeze``).
 
 
-@final_record
+@record
 class PutExchange:
     """A durable exchange as declared (created or replaced)."""
 
-    name: Final[str]
-    kind: Final[str]
-    auto_delete: Final[bool]
-    internal: Final[bool]
-    arguments: Final[tuple[tuple[str, object], ...]]
-
-    def __init__(self, name: str, kind: str, auto_delete: bool = False,
-                 internal: bool = False, arguments: tuple[tuple[str, object], ...] = ()) -> None:
-        self.name = name
-        self.kind = kind
-        self.auto_delete = auto_delete
-        self.internal = internal
-        self.arguments = arguments
+    name: str
+    kind: str
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: tuple[tuple[str, object], ...] = ()
 
 
-@final_record
+@record
 class DeleteExchange:
-    name: Final[str]
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    name: str
 
 
-@final_record
-class PutBinding:
+@record
+class _Binding:
     """A binding between two durable ends: ``source`` exchange to ``destination``
     (a queue, or an exchange when ``to_exchange``)."""
 
-    source: Final[str]
-    destination: Final[str]
-    to_exchange: Final[bool]
-    routing_key: Final[str]
-    arguments: Final[tuple[tuple[str, object], ...]]
-
-    def __init__(self, source: str, destination: str, to_exchange: bool, routing_key: str,
-                 arguments: tuple[tuple[str, object], ...] = ()) -> None:
-        self.source = source
-        self.destination = destination
-        self.to_exchange = to_exchange
-        self.routing_key = routing_key
-        self.arguments = arguments
+    source: str
+    destination: str
+    to_exchange: bool
+    routing_key: str
+    arguments: tuple[tuple[str, object], ...] = ()
 
 
-@final_record
-class DeleteBinding:
-    source: Final[str]
-    destination: Final[str]
-    to_exchange: Final[bool]
-    routing_key: Final[str]
-    arguments: Final[tuple[tuple[str, object], ...]]
-
-    def __init__(self, source: str, destination: str, to_exchange: bool, routing_key: str,
-                 arguments: tuple[tuple[str, object], ...] = ()) -> None:
-        self.source = source
-        self.destination = destination
-        self.to_exchange = to_exchange
-        self.routing_key = routing_key
-        self.arguments = arguments
+@record
+class PutBinding(_Binding):
+    """Store the binding (``_Binding``'s fields)."""
 
 
-@final_record
+@record
+class DeleteBinding(_Binding):
+    """Delete the binding (``_Binding``'s fields; not a ``PutBinding``: the stores
+    dispatch on the class)."""
+
+
+@record
 class PutQueueArguments:
     """What AMQP 0.9.1 declared durable queue ``name`` with (its arguments); the
     queue is created if missing (as ``PutQueue`` does)."""
 
-    name: Final[str]
-    arguments: Final[tuple[tuple[str, object], ...]]
-
-    def __init__(self, name: str, arguments: tuple[tuple[str, object], ...] = ()) -> None:
-        self.name = name
-        self.arguments = arguments
+    name: str
+    arguments: tuple[tuple[str, object], ...] = ()
 
 
 Op = (

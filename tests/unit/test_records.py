@@ -3,7 +3,9 @@
 ``@final_record`` classes (the hot ones, native in the compiled build) keep what
 ``@record`` gave: mypy --strict rejects an assignment to any field, equality and hash
 are over the fields (``Publish.wire`` left out), ``dataclasses.replace`` and ``repr``
-work, and in the pure build they have no instance dict.
+work, and in the pure build they have no instance dict.  The store's cold
+operations are ``@record`` again (interpreted dataclasses in the compiled build too):
+the same values.
 """
 
 from __future__ import annotations
@@ -22,35 +24,45 @@ from mqttamqp.mqtt import packets
 from mqttamqp.mqtt.packets import Properties, Publish
 
 MODULES = (message, packets, published, persistence)
+# The store operations built per message or delivery, or on the connect path: native
+# in the compiled build.  The others (bans, queues' and groups' creation and deletion,
+# exchanges, bindings, queue arguments) are cold, ``@record``.
+P = persistence
+HOT_OPS = (
+    P.StoredQueued, P.PutRetained, P.DeleteRetained, P.PutQueued, P.DeleteQueued,
+    P.PutInboundQos2, P.DeleteInboundQos2, P.PutQueueMessage, P.DeleteQueueMessage,
+    P.TrimQueue, P.QueueDone, P.PutQueueGroup, P.QueueGroupRecord, P.PutSession,
+    P.DeleteSession, P.PutSubscription, P.DeleteSubscription, P.PutWill, P.DeleteWill)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _records(module: ModuleType) -> list[tuple[str, str]]:
-    """(class name, a field's name) of each record with fields defined in ``module``
+def _records(module: ModuleType) -> list[tuple[str, list[str]]]:
+    """(class name, its fields' names) of each record with fields defined in ``module``
     (``@record`` and ``@final_record`` hash their values; a plain dataclass does not)."""
     found = []
     for name, value in vars(module).items():
         if (isinstance(value, type) and value.__module__ == module.__name__
                 and dataclasses.is_dataclass(value) and dataclasses.fields(value)
                 and value.__dataclass_params__.unsafe_hash):  # type: ignore[attr-defined]
-            found.append((name, dataclasses.fields(value)[-1].name))
+            found.append((name, [f.name for f in dataclasses.fields(value)]))
     return found
 
 
 def test_every_field_of_a_record_is_read_only_to_mypy(tmp_path: Path) -> None:
-    """An assignment to a field of a record (any module's, the last field of each)
-    is an error to mypy --strict, whether the record is ``@record`` (frozen) or
-    ``@final_record`` (``Final`` fields)."""
+    """An assignment to any field of a record (of any of the modules) is an error to
+    mypy --strict, whether the record is ``@record`` (frozen) or ``@final_record``
+    (``Final`` fields)."""
     api = pytest.importorskip("mypy.api")
     lines = ["from typing import Any"]
     expected = []
     for module in MODULES:
         lines.append(f"import {module.__name__}")
-        for cls, name in _records(module):
+        for cls, names in _records(module):
             lines.append(f"def set_{cls}(x: {module.__name__}.{cls}, v: Any) -> None:")
-            lines.append(f"    x.{name} = v")
-            expected.append(len(lines))
-    assert len(expected) > 40
+            for name in names:
+                lines.append(f"    x.{name} = v")
+                expected.append(len(lines))
+    assert len({line.split("(")[0] for line in lines if line.startswith("def ")}) > 40
     snippet = tmp_path / "snippet.py"
     snippet.write_text("\n".join(lines) + "\n")
     out, err, _ = api.run([
@@ -97,7 +109,30 @@ def test_the_records_are_native_in_the_compiled_build() -> None:
     if not COMPILED:
         pytest.skip("pure Python build")
     for cls in (Publish, packets.Puback, packets.Connect, message.Message,
-                published.Published, persistence.PutQueued, persistence.StoredQueued):
+                published.Published, *HOT_OPS):
         assert hasattr(cls, "__mypyc_attrs__"), cls
         assert type(cls.__init__).__name__ != "function", cls
     assert sys.modules[Publish.__module__] is packets
+
+
+def test_the_cold_operations_are_values() -> None:
+    """The cold operations (``@record``): fields, defaults, equality, hash and ``repr``
+    as the ``@final_record`` form had them; no instance dict."""
+    put = persistence.PutExchange("x", "direct")
+    assert put == persistence.PutExchange("x", "direct", False, False, ())
+    assert hash(put) == hash(persistence.PutExchange("x", "direct", False, False, ()))
+    assert put != persistence.PutExchange("x", "direct", True)
+    assert repr(put) == ("PutExchange(name='x', kind='direct', auto_delete=False, "
+                         "internal=False, arguments=())")
+    binding = persistence.PutBinding("x", "q", False, "k")
+    unbinding: object = persistence.DeleteBinding("x", "q", False, "k")
+    assert binding.arguments == () and binding != unbinding
+    assert persistence.PutQueueArguments("q").arguments == ()
+    ban = persistence.PutBan("user", "u", None, "why", 1.0, "admin")
+    assert dataclasses.replace(ban, until=2.0).until == 2.0
+    assert [f.name for f in dataclasses.fields(ban)] == [
+        "kind", "value", "until", "reason", "created", "by"]
+    for op in (put, binding, ban, persistence.DeleteQueue("q"),
+               persistence.DeleteQueueGroup("q", "g")):
+        assert not hasattr(op, "__dict__"), op
+        assert not hasattr(type(op), "__mypyc_attrs__"), op
