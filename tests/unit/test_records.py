@@ -19,11 +19,14 @@ import pytest
 from compiled import COMPILED
 
 from mqttamqp.core import message, persistence
+from mqttamqp.core.clients import registry
+from mqttamqp.core.limits import Limits
 from mqttamqp.core.routing import published
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt import packets
 from mqttamqp.mqtt.packets import Properties, Publish
 
-MODULES = (message, packets, published, persistence)
+MODULES = (message, packets, published, persistence, registry)
 # The store operations built per message or delivery, or on the connect path: native
 # in the compiled build.  The others (bans, queues' and groups' creation and deletion,
 # exchanges, bindings, queue arguments) are cold, ``@record``.
@@ -109,7 +112,7 @@ def test_the_records_are_native_in_the_compiled_build() -> None:
     if not COMPILED:
         pytest.skip("pure Python build")
     for cls in (Publish, packets.Puback, packets.Connect, message.Message,
-                published.Published, *HOT_OPS):
+                published.Published, registry.Opened, *HOT_OPS):
         assert hasattr(cls, "__mypyc_attrs__"), cls
         assert type(cls.__init__).__name__ != "function", cls
     assert sys.modules[Publish.__module__] is packets
@@ -136,3 +139,11 @@ def test_the_cold_operations_are_values() -> None:
                persistence.DeleteQueueGroup("q", "g")):
         assert not hasattr(op, "__dict__"), op
         assert not hasattr(type(op), "__mypyc_attrs__"), op
+
+
+def test_opened_is_a_value() -> None:
+    session = Session("c", True, Limits())
+    a = registry.Opened(session, True, None)
+    assert (a.session, a.present, a.durable) == (session, True, None)
+    assert a == registry.Opened(session, True, None)
+    assert repr(a) == f"Opened(session={session!r}, present=True, durable=None)"

@@ -18,7 +18,7 @@ touch sockets beyond the ``close`` of a holder it takes a session from.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -47,6 +47,7 @@ from mqttamqp.core.sessions.entries import ClientLink
 from mqttamqp.core.sessions.flow import FlowControl
 from mqttamqp.core.sessions.session import Session, SessionState
 from mqttamqp.core.stats import BrokerStats
+from mqttamqp.records import final_record
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5: a session expiry interval that means never
 # The connect path's session events' fields (``Recorder.fields_event``: no keywords)
@@ -56,24 +57,22 @@ _RESUMED_FIELDS = ("queued",)
 __all__ = ["SessionRegistry", "Opened"]
 
 
+@final_record
 class Opened:
     """The result of claiming a session: the session, MQTT's session-present flag,
-    and the commit that must precede CONNACK (None: nothing to wait for).  A value
-    nobody changes; a plain class rather than a ``@record``: compiled, a native one,
-    made without the record's Python ``__init__`` (once per MQTT CONNECT) and read by
-    its fields, not by name."""
+    and the commit that must precede CONNACK (None: nothing to wait for).  Made once
+    per MQTT CONNECT: a ``@final_record``, native in the compiled build (made by a
+    compiled ``__init__``, read by its fields, not by name)."""
 
-    __slots__ = ("durable", "present", "session")
+    session: Final[Session]
+    present: Final[bool]
+    durable: Final[Deferred[None] | None]
 
     def __init__(self, session: Session, present: bool,
                  durable: Deferred[None] | None) -> None:
         self.session = session
         self.present = present
         self.durable = durable
-
-    def __repr__(self) -> str:
-        return (f"Opened(session={self.session!r}, present={self.present!r}, "
-                f"durable={self.durable!r})")
 
 
 class SessionRegistry:
