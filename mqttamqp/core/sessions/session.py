@@ -65,7 +65,7 @@ RETAIN_AS_PUBLISHED: Final = 0x08
 RETAIN_HANDLING: Final = 0x30
 
 _SENT: Final = QueuedState.SENT
-#: The compiled build calls an MQTT link's ``send_publish`` natively (``NativeLink``);
+#: The compiled build calls an MQTT or AMQP 1.0 link natively (``NativeLink``);
 #: the pure build skips the ``isinstance`` that costs it more than the call saves.
 _NATIVE: Final[bool] = build() == "compiled"
 
