@@ -222,7 +222,8 @@ class TopicPublisher(IncomingLink):
     def _publish(self, dlv: Any, routed: Message, presettled: bool, wait: bool) -> None:
         """Route the message and answer it: a pre-settled one is settled; else
         Accepted at once, or once durable; Rejected if denied or refused."""
-        result = self.broker.publish(routed, self.host.identity, wait=wait)
+        # (positional, as the MQTT flows call it: a keyword costs the call its parsing)
+        result = self.broker.publish(routed, self.host.identity, wait)
         if result.denied:
             self.reject(dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
             return
@@ -322,7 +323,7 @@ class TopicPublisher(IncomingLink):
             return
         self.outstanding -= 1
         self.top_up()
-        self.routed(self.broker.publish(routed, wait=False), routed)
+        self.routed(self.broker.publish(routed, None, False), routed)
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:

@@ -47,6 +47,7 @@ from mqttamqp.amqp.links import (
 from mqttamqp.core.broker import Outcome
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.metadata import METADATA_KEYS
+from mqttamqp.core.sessions.entries import NativeLink
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.net.rawproton import SETTLED_TAG, delivery_remote_state, delivery_settle
 
@@ -157,8 +158,10 @@ _OUTCOMES: dict[int, Outcome] = {
     int(RELEASED): Outcome.RELEASED, int(MODIFIED): Outcome.MODIFIED}
 
 
-class _SessionLink(OutgoingLink):
-    """Delivers a core ``Session`` to the peer (the ``ClientLink`` of the core)."""
+class _SessionLink(OutgoingLink, NativeLink):
+    """Delivers a core ``Session`` to the peer (the ``ClientLink`` of the core; a
+    ``NativeLink``: in the compiled build ``Session.deliver`` calls its
+    ``send_publish`` natively, as MQTT's)."""
 
     __slots__ = ("_backlog", "_sent", "congested", "session")
     # Messages from AMQP senders go out as they were sent (a native receiver), not

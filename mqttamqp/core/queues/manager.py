@@ -48,7 +48,6 @@ or know protocols beyond the three acknowledgement modes above.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Literal, overload
 
 from twisted.internet.defer import Deferred
@@ -163,7 +162,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                 self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
             return self._commit(ops), self._overflow(queue, message, publisher)
         if message.retain or message.dup:
-            message = replace(message, retain=False, dup=False)
+            message = message.with_flags(False, False)
         offset = self._append(queue, message, ops)
         if message.qos < 2:
             # (dispatched now, below: nothing to do when the commit comes)
@@ -252,7 +251,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                 refusals.append((name, self._overflow(queue, message, publisher)))
                 continue
             if message.retain or message.dup:
-                message = replace(message, retain=False, dup=False)
+                message = message.with_flags(False, False)
             self._append(queue, message, ops)
             if message.qos < 2:
                 # (dispatched below, as ``publish`` does: not when the commit comes)

@@ -60,14 +60,18 @@ class ClientLink(Protocol):
 @trait
 @mypyc_attr(allow_interpreted_subclasses=True)
 class NativeLink:
-    """A ``ClientLink`` compiled with the core (MQTT's ``mqtt.protocol.MQTTProtocol``):
-    in the compiled build ``Session.deliver`` calls its ``send_publish`` through
-    mypyc's vtable, where a call through the ``ClientLink`` protocol is a lookup by
-    name and the method's argument parsing (~330 instructions a delivery).  A link
-    that is not one (AMQP, the gateway, the console's tail) is called as before.  In
-    pure Python a mixin without slots or state."""
+    """A ``ClientLink`` compiled with the core (MQTT's ``mqtt.protocol.MQTTProtocol``,
+    AMQP 1.0's ``amqp.subscribers._SessionLink``): in the compiled build
+    ``Session.deliver`` calls its ``send_publish`` through mypyc's vtable, where a
+    call through the ``ClientLink`` protocol is a lookup by name and the method's
+    argument parsing (~330 instructions a delivery).  A link that is not one (AMQP
+    0.9.1, the gateway, the console's tail) is called as before.  In pure Python a
+    mixin without slots or state.  ``congested`` is read natively too (QoS 0's
+    test: each link's own attribute)."""
 
     __slots__ = ()
+
+    congested: bool
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:

@@ -65,7 +65,7 @@ RETAIN_AS_PUBLISHED: Final = 0x08
 RETAIN_HANDLING: Final = 0x30
 
 _SENT: Final = QueuedState.SENT
-#: The compiled build calls an MQTT link's ``send_publish`` natively (``NativeLink``);
+#: The compiled build calls an MQTT or AMQP 1.0 link natively (``NativeLink``);
 #: the pure build skips the ``isinstance`` that costs it more than the call saves.
 _NATIVE: Final[bool] = build() == "compiled"
 
@@ -326,12 +326,15 @@ class Session(InflightWindow, SessionExtras):
         if qos == 0:
             if link is None:
                 return None  # QoS 0 is not queued for offline sessions
-            if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
+            if _NATIVE and isinstance(link, NativeLink):   # (native, not by name)
+                native: NativeLink = link
+                if native.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
+                    self.drop_congested(message.topic)
+                    return None
+                native.send_publish(message, 0, None, False, retain, subscription_ids)
+            elif link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
-            if _NATIVE and isinstance(link, NativeLink):   # (a native call, not by name)
-                native: NativeLink = link
-                native.send_publish(message, 0, None, False, retain, subscription_ids)
             elif subscription_ids:
                 link.send_publish(message, 0, None, False, retain, subscription_ids)
             else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, MutableSet
+from typing import Final
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
@@ -26,13 +27,16 @@ from mqttamqp.core.sessions.entries import (
     NO_QUEUE,
     ClientLink,
     DeliveryReceipt,
+    NativeLink,
     OutEntry,
 )
-from mqttamqp.native import mypyc_attr
+from mqttamqp.native import build, mypyc_attr
 
 __all__ = ["InflightWindow", "ack_problem"]
 
 _SENT = QueuedState.SENT
+# ``pump`` calls a ``NativeLink`` natively in the compiled build (``session._NATIVE``).
+_NATIVE: Final[bool] = build() == "compiled"
 
 
 def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | None:
@@ -109,7 +113,10 @@ class InflightWindow:
         queue = self.queue
         inflight = self.inflight
         window = self.window
-        while queue and len(inflight) < window and not link.congested:
+        # (native calls of a ``NativeLink`` in the compiled build: no lookup by name)
+        native: NativeLink | None = link if _NATIVE and isinstance(link, NativeLink) else None
+        while queue and len(inflight) < window and not (
+                link.congested if native is None else native.congested):
             entry = queue[0]
             if entry.held or entry.gated:
                 break
@@ -123,7 +130,10 @@ class InflightWindow:
             else:
                 entry.state = QueuedState.SENT
                 ids = entry.subscription_ids
-                if ids:   # (MQTT 5 only: other links need not know the parameter)
+                if native is not None:
+                    native.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
+                                        entry.retain, ids)
+                elif ids:   # (MQTT 5 only: other links need not know the parameter)
                     link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
                                       entry.retain, ids)
                 else:
