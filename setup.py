@@ -44,7 +44,8 @@ core/routing/settlement.py core/routing/topicstats.py core/sessions/session.py
 core/sessions/window.py core/sessions/entries.py core/sessions/extras.py
 core/commits.py core/topics.py core/message.py core/ratelog.py core/stats.py
 core/auth.py core/clients/gate.py core/clients/live.py core/clients/registry.py
-security/bans.py security/admission.py archive/archive.py archive/eventbuffer.py adapter/meter.py
+security/bans.py security/admission.py security/storeauth.py
+archive/archive.py archive/eventbuffer.py adapter/meter.py
 amqp/links.py amqp/incoming.py amqp/publisher.py amqp/subscribers.py amqp/queuelinks.py
 amqp/transactions.py amqp/codec/publish.py amqp/codec/encode.py
 amqp/pump.py amqp/enginechores.py net/rawproton.py net/dispatch.py net/sending.py

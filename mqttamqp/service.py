@@ -44,7 +44,8 @@ from mqttamqp.options import Options, archive_from, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.admission import guards
-from mqttamqp.security.userstore import StoreAuthenticator, UserStore
+from mqttamqp.security.storeauth import StoreAuthenticator
+from mqttamqp.security.userstore import UserStore
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.service import GatewayService
