@@ -49,6 +49,7 @@ archive/archive.py archive/eventbuffer.py adapter/meter.py
 amqp/links.py amqp/incoming.py amqp/publisher.py amqp/subscribers.py amqp/queuelinks.py
 amqp/transactions.py amqp/codec/publish.py amqp/codec/encode.py
 amqp/pump.py amqp/enginechores.py net/rawproton.py net/dispatch.py net/sending.py
+net/accepting.py
 """.split()
 
 
