@@ -543,7 +543,6 @@ def makeService(options: Options) -> BrokerService | GatewayService:
         svc.enable_ha(options["ha-poll"], options["ha-watch"])
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
     from mqttamqp.security.enhanced_auth import EnhancedAuthenticator, ScramSha256
-
     svc.mqtt_factory.enhanced_auth = EnhancedAuthenticator([ScramSha256(users.scram)])
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
