@@ -37,7 +37,7 @@ COMPILED = """
 mqtt/codec.py mqtt/reading.py mqtt/flows.py mqtt/protocol.py mqtt/outbound.py
 mqtt/packets.py mqtt/decoders.py mqtt/executor.py mqtt/connection.py mqtt/link.py
 mqtt/closing.py mqtt/decisions.py mqtt/deadlines.py mqtt/bodies.py mqtt/handshake.py
-mqtt/inspect.py mqtt/fields.py
+mqtt/inspect.py mqtt/fields.py mqtt/opened.py
 core/routing/published.py core/persistence.py
 core/routing/router.py core/routing/subscriptions.py core/routing/publishing.py
 core/routing/settlement.py core/routing/topicstats.py core/sessions/session.py
