@@ -37,17 +37,19 @@ COMPILED = """
 mqtt/codec.py mqtt/reading.py mqtt/flows.py mqtt/protocol.py mqtt/outbound.py
 mqtt/packets.py mqtt/decoders.py mqtt/executor.py mqtt/connection.py mqtt/link.py
 mqtt/closing.py mqtt/decisions.py mqtt/deadlines.py mqtt/bodies.py mqtt/handshake.py
-mqtt/inspect.py mqtt/fields.py
+mqtt/inspect.py mqtt/fields.py mqtt/opened.py
 core/routing/published.py core/persistence.py
 core/routing/router.py core/routing/subscriptions.py core/routing/publishing.py
 core/routing/settlement.py core/routing/topicstats.py core/sessions/session.py
 core/sessions/window.py core/sessions/entries.py core/sessions/extras.py
 core/commits.py core/topics.py core/message.py core/ratelog.py core/stats.py
 core/auth.py core/clients/gate.py core/clients/live.py core/clients/registry.py
-security/bans.py security/admission.py archive/archive.py archive/eventbuffer.py adapter/meter.py
+security/bans.py security/admission.py security/storeauth.py
+archive/archive.py archive/eventbuffer.py adapter/meter.py
 amqp/links.py amqp/incoming.py amqp/publisher.py amqp/subscribers.py amqp/queuelinks.py
 amqp/transactions.py amqp/codec/publish.py amqp/codec/encode.py
 amqp/pump.py amqp/enginechores.py net/rawproton.py net/dispatch.py net/sending.py
+net/accepting.py
 """.split()
 
 

@@ -44,7 +44,8 @@ from mqttamqp.options import Options, archive_from, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.admission import guards
-from mqttamqp.security.userstore import StoreAuthenticator, UserStore
+from mqttamqp.security.storeauth import StoreAuthenticator
+from mqttamqp.security.userstore import UserStore
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.service import GatewayService
@@ -542,7 +543,6 @@ def makeService(options: Options) -> BrokerService | GatewayService:
         svc.enable_ha(options["ha-poll"], options["ha-watch"])
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
     from mqttamqp.security.enhanced_auth import EnhancedAuthenticator, ScramSha256
-
     svc.mqtt_factory.enhanced_auth = EnhancedAuthenticator([ScramSha256(users.scram)])
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),

@@ -122,9 +122,29 @@ def loopback_peer(peer: str) -> bool:
     return loopback_host(peer_host(peer))
 
 
+class _LastPeer:
+    """``peer_host``'s last answer, as one pair (read and replaced whole)."""
+
+    __slots__ = ("pair",)
+
+    def __init__(self) -> None:
+        self.pair: tuple[str, str] = ("", "")
+
+
+_LAST_PEER = _LastPeer()
+
+
 def peer_host(peer: str) -> str:
-    """The host of ``host:port`` as the listeners write a peer (IPv6 has colons)."""
-    return peer.rpartition(":")[0].strip("[]")
+    """The host of ``host:port`` as the listeners write a peer (IPv6 has colons).
+    (A connect asks it of the same string object twice, at the accept's admission
+    and at the CONNECT's loopback rule: the last answer is kept for that object,
+    which also keeps the host's hash for ``loopback_host``'s cache.)"""
+    last = _LAST_PEER.pair
+    if last[0] is peer:
+        return last[1]
+    host = peer.rpartition(":")[0].strip("[]")
+    _LAST_PEER.pair = (peer, host)
+    return host
 
 
 @lru_cache(maxsize=4096)

@@ -123,7 +123,7 @@ class Broker:
             clock, limits, commits, stats, router,
             Wills(clock, commits, stats, self.authorizer, self._publish_will,
                   limits.will_grace, self.recorder),
-            flow, self.recorder)
+            flow, self.recorder, self.queues)
         self._wills = wills = registry.wills
         self.publishing = publishing = Publishing(commits, router, self.queues,
                                                    self.topic_stats, registry.sessions)
@@ -178,6 +178,8 @@ class Broker:
         # sessions: claim (open or resume) the session of a client id, taking it over
         # from whoever holds it; ``activate`` once CONNACK is out
         self.open_session = registry.open
+        # activate(session, link, protocol): CONNACK went out, deliver to ``link``
+        self.activate = registry.activate
         self.detach_topic_receiver = registry.remove_link_subscriber
         # publishing and subscriptions
         self.may_publish = router.may_publish   # (counted and logged when refused)
@@ -275,15 +277,6 @@ class Broker:
         self.stop()
 
     # -- sessions -------------------------------------------------------------
-
-    def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
-        """CONNACK went out: deliver in-flight and queued messages to ``link``."""
-        if session.protocol:   # (a new session has none: nothing to relabel)
-            self.registry.drops.relabel(session, protocol)
-        session.protocol = protocol
-        session.attach(link)
-        self.queues.session_online(session)
-        self.router.room(session)
 
     def end_session(self, connection: ClientLink, session: Session, clean: bool,
                     reason: str, cause: str = CAUSE_LOST,

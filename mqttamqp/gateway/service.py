@@ -36,7 +36,8 @@ from mqttamqp.gateway.frontend import GatewayFactory
 from mqttamqp.gateway.pool import UpstreamPool
 from mqttamqp.gateway.target import Upstream, parse_upstream, tls_options
 from mqttamqp.listeners import ListenerService
-from mqttamqp.security.userstore import StoreAuthenticator, UserStore
+from mqttamqp.security.storeauth import StoreAuthenticator
+from mqttamqp.security.userstore import UserStore
 
 __all__ = ["GatewayService", "make_gateway"]
 

@@ -84,8 +84,9 @@ class Deadlines:
         else:
             self._place(item, due)
         self._entries += 1
-        timer = self._timer
-        if timer is None or self._due > due or not timer.active():
+        # (``_timer`` is None or pending: ``_run`` clears it first thing, and ``_arm``
+        # replaces one it cancels; no ``active()`` asked, a Python call a connect)
+        if self._timer is None or self._due > due:
             self._arm()
 
     def cancel(self, item: Any) -> None:

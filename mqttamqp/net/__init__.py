@@ -12,6 +12,9 @@ Modules (each says in its docstring why its trick pays):
   that accepts it, and gives it a ``LeanServer`` transport without per-connection
   strings; ``others_waiting`` asks the reactor's poller whether another socket has
   input.
+* ``accepting``: ``LeanPort``'s accept loop and ``LeanServer``'s ``__init__`` body as
+  plain functions (compiled in the compiled build: ``tcp``'s classes subclass
+  Twisted's and stay interpreted).
 * ``accept``: a listener's accept failures (no descriptor, no memory) as a counter
   and one log line a spell (it replaces the port's private ``_logger``).
 * ``tls``: ``ssl:`` endpoints with TLS 1.2+ and client certificates (it replaces

@@ -39,10 +39,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.address import IPv6Address
 from twisted.internet.tcp import Port, Server
 from twisted.python import log
 
+from mqttamqp.net.accepting import accept_loop, init_lean_server
 from mqttamqp.net.sending import KINDS
 
 __all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "others_waiting",
@@ -117,25 +117,9 @@ class LeanServer(Server):
 
     def __init__(self, sock: Any, protocol: Any, client: tuple[Any, ...], server: Any,
                  sessionno: int, reactor: Any) -> None:
-        # (``Connection.__init__`` and ``FileDescriptor.__init__``, less the defaults)
-        self.reactor = reactor
-        self.socket = sock
-        sock.setblocking(False)
-        self.protocol = protocol
-        if len(client) != 2:
-            self._addressType = IPv6Address
-            self._client6 = client
-        own = self._own_port   # (a port's own class: ``lean_port``)
-        if own is None or own() is not server:
-            self.server = server
-        self.peer = f"{client[0]}:{client[1]}"
-        # (``startReading``; under ``net.dispatch``'s lean dispatch without the
-        # three Python calls of ``startReading``, ``addReader`` and ``_add``)
-        add_reader = getattr(reactor, "_lean_add_reader", None)
-        if add_reader is None:
-            self.startReading()  # type: ignore[no-untyped-call]
-        else:
-            add_reader(self, sock.fileno())
+        # (``Connection.__init__`` and ``FileDescriptor.__init__``, less the
+        # defaults: ``net.accepting``, compiled, which ``LeanPort`` calls itself)
+        init_lean_server(self, sock, protocol, client, server, reactor)
 
     def logPrefix(self) -> str:
         """The protocol's log prefix, without the session number and host that
@@ -278,45 +262,10 @@ class LeanPort(Port):
         # (``net.dispatch``'s plain read, when the reactor has it: ``read`` less
         # ``_doReadOrWrite``'s checks, ``doRead`` and ``_dataReceived``)
         read_accepted = getattr(reactor, "_lean_read_accepted", None)
-        listener: Any = self.socket
-        accept = listener._accept
-        family, kind, proto = listener.family, listener.type, listener.proto
-        factory: Any = self.factory
-        address: Any = self._buildAddr if getattr(factory, "wants_address", True) else None
-        build = self.transport
-        limit = self.numberAccepts
-        accepted = 0
-        while accepted < limit:
-            if self.disconnecting:
-                return
-            try:
-                fd, addr = accept()
-            except BlockingIOError:
-                break
-            except OSError:
-                Port.doRead(self)
-                return
-            accepted += 1
-            skt = socket.socket(family, kind, proto, fd)
-            if len(addr) == 4:
-                # IPv6: the host with its scope id, as ``Port.doRead``
-                host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
-                addr = (host[0], *addr[1:])
-            protocol = factory.buildProtocol(None if address is None else address(addr))
-            if protocol is None:
-                skt.close()
-                continue
-            session = self.sessionno
-            self.sessionno = session + 1
-            transport: Any = build(skt, protocol, addr, self, session, reactor)
-            protocol.makeConnection(transport)
-            if fd in reads and transport.connected and not transport.disconnecting:
-                if read_accepted is None:
-                    read(transport, fd, readable)
-                else:
-                    read_accepted(transport, fd)
-        # (Twisted's scaling of the accepts per turn)
-        self.numberAccepts = limit + 20 if accepted == limit else max(1, accepted)
+        # (the loop itself: ``net.accepting``, compiled in the compiled build)
+        lean = getattr(self.transport, "__init__", None) is LeanServer.__init__
+        if accept_loop(self, reactor, read, readable, reads, read_accepted, lean):
+            Port.doRead(self)   # (an accept failed: Twisted's loop handles it)
 
     def connectionLost(self, reason: Any) -> None:
         """Twisted's, then the port's own transport class leaves the tuples and the

@@ -18,7 +18,8 @@ Migration: the console's ``admin-users.json`` of earlier versions is moved into
 ``client`` users; ``mqttamqp-admin user import FILE`` copies it into the store.
 
 Passwords are hashed with scrypt (memory-hard) and checked off the reactor thread
-(``StoreAuthenticator`` uses a thread pool).  What this module must not do: log
+(``security.storeauth.StoreAuthenticator``, the broker's authenticator over this
+store, uses a thread pool).  What this module must not do: log
 or keep a password, or block the reactor.
 """
 
@@ -33,22 +34,19 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttamqp.core.auth import Credentials, loopback_peer
 from mqttamqp.security.enhanced_auth import ScramCredentials, scram_credentials
-from mqttamqp.security.users import defer_to_thread, scrypt
+from mqttamqp.security.users import scrypt
 
 __all__ = [
     "USERS_FILE", "LEGACY_ADMIN_FILE", "ROLE_ADMIN", "ROLE_READ_ONLY", "ROLE_CLIENT",
     "ROLES", "CONSOLE_ROLES", "TOKEN_PREFIX", "hash_password", "verify_password",
     "token_digest", "valid_username", "ApiToken", "User", "UserStore",
-    "StoreAuthenticator",
 ]
 
 USERS_FILE = "users.json"
@@ -418,101 +416,3 @@ def scrypt_line_hash(record: Any) -> str:
     return "$".join(["scrypt", str(record.n), str(record.r), str(record.p),
                      base64.b64encode(record.salt).decode(),
                      base64.b64encode(record.digest).decode()])
-
-
-class StoreAuthenticator:
-    """The broker's ``Authenticator``: the user store (and, read-only, a legacy
-    ``--users`` file) for MQTT CONNECT and AMQP SASL PLAIN.
-
-    Anonymous clients (no user name) are accepted from anywhere with
-    ``--allow-anonymous``; otherwise from loopback only, and only while no client
-    users exist (the store has no ``client`` role and there is no ``--users`` file),
-    as Mosquitto 2 does without a password file.
-
-    A client that names a user of the store must give its password.  While no
-    client users exist, a user name the store does not know is a label, not a
-    credential (the client is anonymous as above; ACL rules for that name match
-    it): this keeps a broker without users working for clients that send a name.
-    """
-
-    log = Logger(namespace="mqttamqp.users")
-
-    def __init__(self, store: UserStore, anywhere: bool = False, legacy: Any = None,
-                 reactor: Any = None,
-                 run_in_thread: Callable[..., Deferred[Any]] | None = None) -> None:
-        self.store = store
-        self.anywhere = anywhere
-        self.legacy = legacy            # core.users.UserFile or None
-        self._defer = run_in_thread or defer_to_thread(reactor)
-        # The store's users as seen this reactor turn (None: look again).  A connect
-        # storm stat'ed users.json for every CONNECT; now once a turn.  Every CONNECT
-        # handled in a turn had arrived before the turn's first look, so a change
-        # made before a client connected still applies to it.  (Reactor thread
-        # only; without a reactor, every call looks.)
-        self._call_later: Callable[..., Any] | None = getattr(reactor, "callLater", None)
-        # Changes made in this process (the console) apply at once all the same.
-        self._this_turn: tuple[dict[str, User], bool] | None = None
-        self._writes = -1
-
-    def _users(self) -> tuple[dict[str, User], bool]:
-        """The store's users, and whether any is a client (see ``_this_turn``)."""
-        seen = self._this_turn
-        if seen is None or self._writes != self.store.writes:
-            seen = self.store.users_and_clients()
-            if self._call_later is not None:
-                if self._this_turn is None:
-                    self._call_later(0, self._next_turn)
-                self._this_turn = seen
-                self._writes = self.store.writes
-        return seen
-
-    def _next_turn(self) -> None:
-        self._this_turn = None
-
-    # -- the anonymous rule -------------------------------------------------------
-
-    def has_clients(self) -> bool:
-        return self.legacy is not None or self._users()[1]
-
-    @property
-    def allows_anonymous(self) -> bool:
-        return self.anywhere or not self.has_clients()
-
-    def anonymous_from(self, peer: str) -> bool:
-        return self.anywhere or (not self.has_clients() and loopback_peer(peer))
-
-    # -- checking -----------------------------------------------------------------
-
-    def authenticate(self, credentials: Credentials) -> bool | Deferred[bool]:
-        name = credentials.username
-        if name is None:
-            return self.anonymous_from(credentials.peer)  # (the protocol logs a refusal)
-        user = self._users()[0].get(name)
-        if user is not None:
-            d = self._defer(self.store.check_password, name, credentials.password or b"")
-            d.addCallback(lambda found: found is not None)
-        elif self.legacy is not None and self._legacy_knows(name):
-            legacy_result: bool | Deferred[bool] = self.legacy.authenticate(credentials)
-            return legacy_result   # UserFile logs its own refusals
-        elif not self.has_clients():
-            return self.anonymous_from(credentials.peer)
-        else:
-            # (dummy_hash() in the thread too: its first call hashes, and may wait
-            # for one of the HASH_SLOTS; the reactor must not)
-            d = self._defer(lambda pw: verify_password(pw, dummy_hash()),
-                            credentials.password or b"")
-            d.addCallback(lambda _: False)
-        d.addCallback(self._logged, credentials)
-        result: Deferred[bool] = d
-        return result
-
-    def _legacy_knows(self, name: str) -> bool:
-        self.legacy.reload()
-        return name in self.legacy.users
-
-    def _logged(self, ok: bool, credentials: Credentials) -> bool:
-        if not ok:
-            self.log.warn("bad user name or password for {u!r} ({proto} from {peer})",
-                          u=credentials.username, proto=credentials.protocol,
-                          peer=credentials.peer)
-        return bool(ok)

@@ -32,6 +32,7 @@ from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
+from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_TAKEN_OVER,
@@ -80,8 +81,9 @@ class SessionRegistry:
 
     def __init__(self, clock: Clock, limits: Limits, commits: CommitBatcher,
                  stats: BrokerStats, router: Router, wills: Wills,
-                 flow: FlowControl, recorder: Recorder) -> None:
+                 flow: FlowControl, recorder: Recorder, queues: QueueManager) -> None:
         self.clock = clock
+        self.queues = queues
         self.recorder = recorder
         self._recording = records(recorder)
         self.limits = limits
@@ -248,6 +250,24 @@ class SessionRegistry:
         if record:
             self._settle_on(session, durable)
         return Opened(session, present, durable)
+
+    def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
+        """CONNACK went out (an AMQP link attached): deliver in-flight and queued
+        messages to ``link``.  (The broker's ``activate``: here, compiled, rather
+        than a method of the interpreted ``Broker``, once per connect.)"""
+        if session.protocol:   # (a new session has none: nothing to relabel)
+            self.drops.relabel(session, protocol)
+        session.protocol = protocol
+        session.attach(link)
+        queues = self.queues
+        # ``session_online`` does nothing for a session in no consumer group, not
+        # browsing a queue and not a returning member (``Membership``'s tables, read
+        # here: most connects, and each call of the interpreted queue manager's
+        # ``session_online`` → ``link_drained`` → ``super()`` was three frames).
+        if (session in queues._memberships or queues._browsers
+                or (session.persistent and queues._stored_clients)):
+            queues.session_online(session)
+        self.router.room(session)
 
     def _settle_on(self, session: Session, durable: Deferred[None] | None) -> None:
         """``session``'s record is in the commit ``durable``: unsettled until it

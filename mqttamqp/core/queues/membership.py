@@ -305,7 +305,10 @@ class Membership(Acknowledgements):
 
     def session_online(self, session: Session) -> None:
         """``session`` is online: a persistent one that was a member before a restart
-        takes up its memberships (stored with the group), then it is fed."""
+        takes up its memberships (stored with the group), then it is fed.  (Not
+        called for a session in none of ``_memberships``, ``_browsers`` and, when
+        persistent, ``_stored_clients``, for which it does nothing:
+        ``SessionRegistry.activate`` reads those tables first; keep the two in step.)"""
         if (session.persistent and session not in self._memberships
                 and session.client_id in self._stored_clients):
             self._member_returned(session)

@@ -12,7 +12,7 @@ from amqp_memory import Net
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
-from mqttamqp.core.auth import Credentials, LoopbackOnly, loopback_peer
+from mqttamqp.core.auth import Credentials, LoopbackOnly, loopback_peer, peer_host
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import Connack, Connect
 
@@ -26,6 +26,20 @@ def test_loopback_peer(peer: str, local: bool) -> None:
     """Which peer addresses count as this machine: IPv4 and IPv6 loopback, a dual-stack
     IPv4 loopback, a UNIX socket."""
     assert loopback_peer(peer) is local
+
+
+def test_a_peer_asked_again_has_its_own_host() -> None:
+    """``peer_host`` keeps its last answer for the string object it was asked of (the
+    admission's and then the loopback rule's): every other peer, equal or not, one
+    asked in between or the same text in another object, gets its own host."""
+    first = "".join(["10.0.0.1", ":5000"])
+    again = "".join(["10.0.0.1", ":5000"])     # the same text, another object
+    other = "".join(["127.0.0.1", ":5001"])
+    assert peer_host(first) == "10.0.0.1" and peer_host(first) == "10.0.0.1"
+    assert peer_host(other) == "127.0.0.1" and loopback_peer(other)
+    assert peer_host(again) == "10.0.0.1" and not loopback_peer(again)
+    assert not loopback_peer(first) and peer_host("[::1]:1") == "::1"
+    assert peer_host("") == "" and peer_host(first) == "10.0.0.1"
 
 
 def test_loopback_only_unless_anywhere() -> None:

@@ -17,13 +17,13 @@ from twisted.internet.defer import Deferred, succeed
 
 from mqttamqp.console import credentials as admin_cli
 from mqttamqp.core.auth import Credentials
+from mqttamqp.security.storeauth import StoreAuthenticator
 from mqttamqp.security.users import UserFile, make_line
 from mqttamqp.security.userstore import (
     LEGACY_ADMIN_FILE,
     ROLE_ADMIN,
     ROLE_CLIENT,
     ROLE_READ_ONLY,
-    StoreAuthenticator,
     UserStore,
 )
 
