@@ -163,6 +163,31 @@ def test_delete_if_empty_counts_ready_messages_only() -> None:
     assert count == 0 and "q" not in broker.queues.queues
 
 
+def test_purge_does_not_count_what_was_acknowledged_in_the_same_read() -> None:
+    """queue.purge right after the basic.ack of every delivery, in one socket read:
+    purge-ok says 0 (RabbitMQ's count is its ready messages), though the acknowledged
+    messages leave the log only at the read's end; a later message is delivered."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    session, link = consume(broker, "q")
+    ex.publish(message(b"3", broker=broker), "", "q")
+    held = [p[2] for p in link.published()]
+    assert len(held) == 4
+    commits = broker.queues.commits
+    commits.begin()
+    broker.settlement.accept_many([(session, packet_id) for packet_id in held[:3]])
+    assert len(broker.queues.queues["q"].log) == 4   # (trimmed at the batch's end)
+    assert ex.purge_queue("q", "c1")[0] == 0
+    commits.end()
+    assert len(broker.queues.queues["q"].log) == 1   # (the one still unacknowledged)
+    broker.settlement.accept_many([(session, held[3])])
+    ex.publish(message(b"late", broker=broker), "", "q")
+    assert got(link)[-1] == ("$queue/q", b"late")
+
+
 def test_transient_queues_store_nothing() -> None:
     """Exclusive, auto-delete, non-durable and server-named queues live in memory:
     declaring, publishing, consuming and acknowledging them stores no op."""
