@@ -38,7 +38,7 @@ from mqttamqp.core.exchanges.errors import (
     QueueDeclared,
 )
 from mqttamqp.core.persistence import Op, PutQueue, PutQueueArguments, QueueRecord
-from mqttamqp.core.queues.addresses import QUEUE_PREFIX, STREAM, Consumer
+from mqttamqp.core.queues.addresses import CLASSIC, QUEUE_PREFIX, STREAM, Consumer
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.queues.model import DeadLetterRoute, QueueLog, Retention
 from mqttamqp.core.sessions.session import Session
@@ -71,6 +71,25 @@ def freeze_value(value: object) -> object:
 def thaw(frozen: Frozen) -> dict[str, object]:
     """A frozen field table as a mapping again (nested tables stay frozen)."""
     return dict(frozen)
+
+
+def ready_count(queue: QueueLog) -> int:
+    """Queue ``queue``'s ready messages, as RabbitMQ's backing queue counts them
+    (``len``, which ``queue.delete``'s if-empty, delete-ok and declare-ok read): not
+    those its 0.9.1 consumers' group (named after the queue) holds unacknowledged,
+    nor those it has acknowledged that are still in the log (they leave it at the
+    end of the socket read that acknowledged them: ``QueueLogs._flush_soon``).
+    Without a classic group of that name, every message in the log."""
+    log = queue.log
+    group = queue.groups.get(queue.name)
+    if group is None or group.mode != CLASSIC:
+        return len(log)
+    floor = group.floor
+    below = (sum(1 for o in range(queue.first, floor) if o in log)
+             if floor - queue.first <= len(log) else sum(1 for o in log if o < floor))
+    held = (sum(1 for o in group.pending if o in log)
+            + sum(1 for o in group.done if o in log))
+    return len(log) - below - held
 
 
 def queue_name_problem(name: str) -> str | None:
@@ -299,8 +318,7 @@ class QueueDeclarations:
         group = queue.groups.get(name)
         if group is None:
             return QueueDeclared(name, len(queue.log), 0)
-        return QueueDeclared(name, max(0, len(queue.log) - len(group.pending)),
-                             len(group.members))
+        return QueueDeclared(name, ready_count(queue), len(group.members))
 
     # -- consumers -------------------------------------------------------------------
 
@@ -367,14 +385,14 @@ class QueueDeclarations:
         if queue is None and name[:1] != "$":
             return 0, None   # (RabbitMQ answers delete-ok for a missing queue)
         queue = self._existing(name, owner)
-        group = queue.groups.get(name)
+        # (as RabbitMQ: if-empty is checked first, and what consumers hold
+        # unacknowledged does not count)
+        count = ready_count(queue)
+        if if_empty and count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '/' not empty")
         if if_unused and any(g.members for g in queue.groups.values()):
             raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '/' in use")
-        if if_empty and queue.log:
-            raise ChannelError(PRECONDITION_FAILED,
-                               f"queue '{name}' in vhost '/' is not empty")
-        count = len(queue.log) - (len(group.pending) if group is not None else 0)
-        return max(0, count), self._drop(name)
+        return count, self._drop(name)
 
     def purge_queue(self, name: str, owner: str | None = None
                     ) -> tuple[int, Deferred[None] | None]:

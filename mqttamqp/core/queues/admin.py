@@ -161,11 +161,17 @@ class QueueAdmin(QueueTimers):
 
     def purge_ready(self, name: str) -> tuple[int, Deferred[None] | None]:
         """Remove the messages of queue ``name`` that no consumer holds (AMQP 0.9.1
-        ``queue.purge``: unacknowledged deliveries stay theirs); how many went."""
+        ``queue.purge``: unacknowledged deliveries stay theirs); how many went.  Not
+        counted, nor removed here: what every classic group has finished, still in
+        the log until the end of the socket read that acknowledged it (``_trim``)."""
         queue = self.queues.get(name)
         if queue is None:
             return 0, None
         held = {o for g in queue.groups.values() for o in g.pending}
+        classic = [g for g in queue.groups.values() if g.mode == CLASSIC]
+        if classic:
+            held.update(o for o in queue.log
+                        if all(o < g.floor or o in g.done for g in classic))
         if not held:
             count = len(queue.log)
             return count, self.purge(name)

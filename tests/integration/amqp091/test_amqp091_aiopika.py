@@ -119,6 +119,47 @@ def test_mandatory_unroutable_publish_is_returned(amqp091: Target) -> None:
     asyncio.run(scenario())
 
 
+def test_delete_if_empty_leaves_out_unacknowledged_deliveries(amqp091: Target) -> None:
+    """queue.delete with if-empty (aio-pika's default) counts ready messages only, as
+    RabbitMQ's backing queue does (its len, not its depth): a queue whose messages a
+    consumer holds unacknowledged is deleted (delete-ok says 0); one with a ready
+    message more is not (406 "not empty", which RabbitMQ checks before if-unused's
+    "in use": aio-pika's delete asks both by default)."""
+    name = uname("ap-ifempty")
+
+    async def scenario() -> None:
+        conn = await asyncio.wait_for(aio_pika.connect(amqp091.url), TIMEOUT)
+        async with conn:
+            pub = await conn.channel(publisher_confirms=True)
+            q = await pub.declare_queue(name, durable=True)
+            for i in range(3):
+                await pub.default_exchange.publish(aio_pika.Message(b"%d" % i),
+                                                   routing_key=name)
+            ch = await conn.channel()
+            await ch.set_qos(prefetch_count=2)
+            mine = await ch.get_queue(name, ensure=False)
+            held: list[AbstractIncomingMessage] = []
+            two = asyncio.Event()
+
+            async def on_message(msg: AbstractIncomingMessage) -> None:
+                held.append(msg)
+                if len(held) == 2:
+                    two.set()
+
+            await mine.consume(on_message)
+            await asyncio.wait_for(two.wait(), TIMEOUT)
+            other = await conn.channel()
+            with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed,
+                               match="not empty"):
+                await (await other.get_queue(name, ensure=False)).delete(if_empty=True)
+            third = await pub.get_queue(name, ensure=False)
+            assert (await third.get(no_ack=True, timeout=TIMEOUT)).body == b"2"
+            result = await q.delete(if_unused=False, if_empty=True)
+            assert result.message_count == 0, result
+
+    asyncio.run(scenario())
+
+
 def test_consumers_on_two_channels_share_a_queue(amqp091: Target) -> None:
     """Two consumers of one queue on two channels (prefetch 1 each) compete: every
     message goes to exactly one of them."""

@@ -1,20 +1,28 @@
 """AMQP 0.9.1 at the frame level against the real broker (a raw socket and pamqp's
 frames, where pika would not misbehave): heartbeats from a silent client, frame
-errors closing the connection with their reply code."""
+errors closing the connection with their reply code, methods in one socket read."""
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
+from amqp091_target import Target, target, uname
 from brokerproc import BrokerProcess
-from pamqp import commands, frame
+from pamqp import body, commands, frame, header
 
 from mqttamqp.amqp091.frames import FrameReader
 
 pytestmark = pytest.mark.timeout(60)
-C = commands.Connection
+B, C, Q = commands.Basic, commands.Connection, commands.Queue
+
+
+@pytest.fixture(scope="module")
+def amqp091(request: pytest.FixtureRequest) -> Iterator[Target]:
+    with target(request) as t:
+        yield t
 
 
 class Raw:
@@ -53,6 +61,14 @@ class Raw:
         self.method(0, C.TuneOk(2047, 131072, heartbeat))
         self.method(0, C.Open("/"))
         assert getattr(self.next(), "name", "") == "Connection.OpenOk"
+
+    def expect(self, name: str) -> object:
+        """The next method frame (content frames before it skipped), named ``name``."""
+        f = self.next()
+        while isinstance(f, (header.ContentHeader, body.ContentBody)):
+            f = self.next()
+        assert getattr(f, "name", f) == name
+        return f
 
     def close(self) -> None:
         self.sock.close()
@@ -94,5 +110,36 @@ def test_frame_errors_close_with_their_code(broker091: BrokerProcess, data: byte
         assert close.reply_code == code  # type: ignore[attr-defined]
         raw.method(0, C.CloseOk())
         assert raw.next() is None
+    finally:
+        raw.close()
+
+
+def test_an_ack_and_queue_delete_if_empty_in_one_read(amqp091: Target) -> None:
+    """basic.ack of a queue's last message and queue.delete with if-empty in one write
+    (so one socket read): delete-ok, as RabbitMQ answers.  The broker takes an
+    acknowledged message out of the queue's log at the end of the read; before
+    this it answered 406 "not empty" (aio-pika's test of two consumers did, once,
+    under load; pika never sends two methods in one write)."""
+    name = uname("raw-ifempty")
+    raw = Raw(amqp091.port)
+    try:
+        raw.open()
+        raw.method(1, commands.Channel.Open())
+        raw.expect("Channel.OpenOk")
+        raw.method(1, Q.Declare(queue=name, durable=True))
+        raw.expect("Queue.DeclareOk")
+        raw.method(1, commands.Confirm.Select())
+        raw.expect("Confirm.SelectOk")
+        raw.send(frame.marshal(B.Publish(routing_key=name), 1)
+                 + frame.marshal(header.ContentHeader(0, 3, B.Properties()), 1)
+                 + frame.marshal(body.ContentBody(b"one"), 1))
+        raw.expect("Basic.Ack")
+        raw.method(1, B.Consume(queue=name, consumer_tag="c"))
+        raw.expect("Basic.ConsumeOk")
+        deliver = raw.expect("Basic.Deliver")
+        raw.send(frame.marshal(B.Ack(deliver.delivery_tag), 1)  # type: ignore[attr-defined]
+                 + frame.marshal(Q.Delete(queue=name, if_empty=True), 1))
+        ok = raw.expect("Queue.DeleteOk")
+        assert ok.message_count == 0  # type: ignore[attr-defined]
     finally:
         raw.close()

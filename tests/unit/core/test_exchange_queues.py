@@ -138,6 +138,56 @@ def test_purge_keeps_what_consumers_hold_unacknowledged() -> None:
     assert got(link)[-1] == ("$queue/q", b"late")
 
 
+def test_delete_if_empty_counts_ready_messages_only() -> None:
+    """queue.delete with if-empty, as RabbitMQ (whose backing queue's len leaves out
+    what is pending acknowledgement): a ready message makes it 406; what a consumer
+    holds unacknowledged does not, nor what it acknowledged earlier in the same
+    socket read (in the log until the batch ends); delete-ok and declare-ok count
+    ready messages only."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    assert code_of(ex.delete_queue, "q", "c1", if_empty=True) == 406
+    assert ex.declare_queue("q", "c1", passive=True)[0].message_count == 3
+    session, link = consume(broker, "q")
+    assert len(link.published()) == 3
+    assert ex.declare_queue("q", "c1", passive=True)[0].message_count == 0
+    commits = broker.queues.commits
+    commits.begin()   # (one socket read: basic.ack, then queue.delete)
+    broker.settlement.accept_many([(session, link.published()[0][2])])
+    assert len(broker.queues.queues["q"].log) == 3   # (trimmed at the batch's end)
+    count, _ = ex.delete_queue("q", "c1", if_empty=True)
+    commits.end()
+    assert count == 0 and "q" not in broker.queues.queues
+
+
+def test_purge_does_not_count_what_was_acknowledged_in_the_same_read() -> None:
+    """queue.purge right after the basic.ack of every delivery, in one socket read:
+    purge-ok says 0 (RabbitMQ's count is its ready messages), though the acknowledged
+    messages leave the log only at the read's end; a later message is delivered."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    session, link = consume(broker, "q")
+    ex.publish(message(b"3", broker=broker), "", "q")
+    held = [p[2] for p in link.published()]
+    assert len(held) == 4
+    commits = broker.queues.commits
+    commits.begin()
+    broker.settlement.accept_many([(session, packet_id) for packet_id in held[:3]])
+    assert len(broker.queues.queues["q"].log) == 4   # (trimmed at the batch's end)
+    assert ex.purge_queue("q", "c1")[0] == 0
+    commits.end()
+    assert len(broker.queues.queues["q"].log) == 1   # (the one still unacknowledged)
+    broker.settlement.accept_many([(session, held[3])])
+    ex.publish(message(b"late", broker=broker), "", "q")
+    assert got(link)[-1] == ("$queue/q", b"late")
+
+
 def test_transient_queues_store_nothing() -> None:
     """Exclusive, auto-delete, non-durable and server-named queues live in memory:
     declaring, publishing, consuming and acknowledging them stores no op."""
