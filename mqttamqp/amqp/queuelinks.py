@@ -104,6 +104,10 @@ class QueueSubscription(TopicSubscription):
         self._drain_since = 0.0   # when the drain being answered began to wait
         super().__init__(host, plink, topic_filter)
         self.consumer = consumer
+        # (``_blocked`` is kept here and in ``on_blocked``/``end``, not only by the
+        # setter below: in the compiled build ``_SessionLink``'s own writes of
+        # ``congested`` go to its attribute, not through this class's property)
+        self._blocked = host.write_blocked
 
     def subscribe(self) -> str | None:
         granted = 0 if self.presettled else 1
@@ -125,6 +129,14 @@ class QueueSubscription(TopicSubscription):
     @congested.setter
     def congested(self, value: bool) -> None:
         self._blocked = value   # (closed or a full socket buffer: ``_SessionLink``)
+
+    def on_blocked(self) -> None:
+        super().on_blocked()
+        self._blocked = self.closed or self.host.write_blocked
+
+    def end(self, brute: bool, reason: str) -> None:
+        self._blocked = True
+        super().end(brute, reason)
 
     def on_flow(self) -> None:
         # More credit: take from the queue first, so a drain is answered with what

@@ -66,12 +66,12 @@ class NativeLink:
     call through the ``ClientLink`` protocol is a lookup by name and the method's
     argument parsing (~330 instructions a delivery).  A link that is not one (AMQP
     0.9.1, the gateway, the console's tail) is called as before.  In pure Python a
-    mixin without slots or state.  ``congested`` is read natively too (QoS 0's
-    test: each link's own attribute)."""
+    mixin without slots or state.  ``congested`` is not part of it: the core reads it
+    by name, because a subclass may make it a property (a durable queue's AMQP link
+    counts its credit: ``amqp.queuelinks.QueueSubscription``), which a native read of
+    the attribute would bypass."""
 
     __slots__ = ()
-
-    congested: bool
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:

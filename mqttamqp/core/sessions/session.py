@@ -326,15 +326,13 @@ class Session(InflightWindow, SessionExtras):
         if qos == 0:
             if link is None:
                 return None  # QoS 0 is not queued for offline sessions
-            if _NATIVE and isinstance(link, NativeLink):   # (native, not by name)
-                native: NativeLink = link
-                if native.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
-                    self.drop_congested(message.topic)
-                    return None
-                native.send_publish(message, 0, None, False, retain, subscription_ids)
-            elif link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
+            # (``congested`` by name: a queue link's is a property, credit included)
+            if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
+            if _NATIVE and isinstance(link, NativeLink):   # (native, not by name)
+                native: NativeLink = link
+                native.send_publish(message, 0, None, False, retain, subscription_ids)
             elif subscription_ids:
                 link.send_publish(message, 0, None, False, retain, subscription_ids)
             else:

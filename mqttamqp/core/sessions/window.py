@@ -113,10 +113,10 @@ class InflightWindow:
         queue = self.queue
         inflight = self.inflight
         window = self.window
-        # (native calls of a ``NativeLink`` in the compiled build: no lookup by name)
+        # (``send_publish`` of a ``NativeLink`` called natively in the compiled build)
         native: NativeLink | None = link if _NATIVE and isinstance(link, NativeLink) else None
-        while queue and len(inflight) < window and not (
-                link.congested if native is None else native.congested):
+        # (``congested`` by name: a queue link's is a property, credit included)
+        while queue and len(inflight) < window and not link.congested:
             entry = queue[0]
             if entry.held or entry.gated:
                 break
