@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Credentials, loopback_peer
-from mqttamqp.security.users import defer_to_thread
+from mqttamqp.security.users import defer_to_thread, logged_verdict
 from mqttamqp.security.userstore import User, UserStore, dummy_hash, verify_password
 
 __all__ = ["StoreAuthenticator"]
@@ -104,7 +104,7 @@ class StoreAuthenticator:
             d = self._defer(lambda pw: verify_password(pw, dummy_hash()),
                             credentials.password or b"")
             d.addCallback(lambda _: False)
-        d.addCallback(self._logged, credentials)
+        d.addCallback(logged_verdict, self.log, credentials)
         result: Deferred[bool] = d
         return result
 
@@ -112,9 +112,3 @@ class StoreAuthenticator:
         self.legacy.reload()
         return name in self.legacy.users
 
-    def _logged(self, ok: bool, credentials: Credentials) -> bool:
-        if not ok:
-            self.log.warn("bad user name or password for {u!r} ({proto} from {peer})",
-                          u=credentials.username, proto=credentials.protocol,
-                          peer=credentials.peer)
-        return bool(ok)

@@ -33,7 +33,8 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Credentials
 
-__all__ = ["UserFile", "UserRecord", "make_line", "parse_line", "hash_password", "main"]
+__all__ = ["UserFile", "UserRecord", "hash_password", "logged_verdict", "main", "make_line",
+           "parse_line"]
 
 SCHEME = "scrypt"
 DEFAULT_N = 1 << 14
@@ -196,16 +197,17 @@ class UserFile:
             d.addCallback(lambda _: False)
         else:
             d = self._defer(record.verify, credentials.password)
-        d.addCallback(self._logged, credentials)
+        d.addCallback(logged_verdict, self.log, credentials)
         result: Deferred[bool] = d
         return result
 
-    def _logged(self, ok: bool, credentials: Credentials) -> bool:
-        if not ok:
-            self.log.warn("bad username or password for {u!r} ({proto} from {peer})",
-                          u=credentials.username, proto=credentials.protocol,
-                          peer=credentials.peer)
-        return bool(ok)
+
+def logged_verdict(ok: bool, log: Logger, credentials: Credentials) -> bool:
+    """A password check's verdict, a refusal logged (both authenticators' callback)."""
+    if not ok:
+        log.warn("bad user name or password for {u!r} ({proto} from {peer})",
+                 u=credentials.username, proto=credentials.protocol, peer=credentials.peer)
+    return bool(ok)
 
 
 # -- command line -------------------------------------------------------------------------
