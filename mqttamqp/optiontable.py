@@ -346,7 +346,8 @@ PARAMETERS: list[list[Any]] = [
      "input, and the connection is not read meanwhile. 0 = no bound.",
      _positive(float, "mqtt-turn-ms")],
     ["sys-interval", None, _D.sys_interval,
-     "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
+     "Seconds between $SYS/broker/... bursts (the uptime, and the topics that "
+     "changed); 0 = off.", _positive(float, "sys-interval")],
     ["amqp-idle-timeout", None, 60.0,
      "Seconds of silence after which an AMQP peer is closed "
      "(amqp:resource-limit-exceeded); half of it is advertised. 0 = none.",

@@ -1,5 +1,5 @@
 """``$SYS``: the broker's counters (and the archive's, when it is on) published as
-retained topics every ``sys_interval`` seconds.
+retained topics every ``sys_interval`` seconds, each only when its value changed.
 
 What it owns: building the current values and publishing them through the router
 as the broker's own (uncounted, not stored) retained messages.  The counters
@@ -21,6 +21,8 @@ from mqttamqp.core.routing.router import Router
 from mqttamqp.core.stats import BrokerStats
 
 __all__ = ["SysTopics", "queue_topics"]
+
+UPTIME = "$SYS/broker/uptime"
 
 
 def queue_topics(queues: QueueManager) -> list[tuple[str, str]]:
@@ -83,7 +85,17 @@ class SysTopics:
         for name, value in archive.items():   # other recorders' counters (webhooks/...)
             if "/" in name:
                 topics.append((f"$SYS/broker/{name}", str(value)))
+        # Only what changed since the retained copy, as Mosquitto does, and the
+        # uptime at every burst (its first topic once the version is out: a watcher
+        # sees the broker alive and where a burst starts).  A watcher holds every
+        # value already (retained on subscribe, then each change), and routing all
+        # ~55 topics every interval cost the reactor 1-3 ms under load, the late
+        # messages of the tail (bench/README, "Tail latency, session 24").
         with self.stats.own_messages():   # (not traffic: neither received nor sent)
             for topic, payload in topics:
-                self.router.publish(Message(topic, payload.encode(), 0, True, None, now),
+                data = payload.encode()
+                old = retained.get(topic)
+                if old is not None and old.payload == data and topic != UPTIME:
+                    continue
+                self.router.publish(Message(topic, data, 0, True, None, now),
                                     counted=False)

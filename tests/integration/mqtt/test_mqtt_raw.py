@@ -1000,47 +1000,46 @@ def test_session_expiry_removes_abandoned_persistent_session(start_broker) -> No
 
 
 class SysWatcher:
-    """Reads live (non-retained) $SYS/broker/... updates from a raw subscriber."""
+    """Follows $SYS/broker/...: the retained values on subscribe, then each burst,
+    which publishes the uptime first and then only the values that changed."""
 
     def __init__(self, port: int) -> None:
         self.client = RawClient(port)
         assert self.client.connect(uid("sys")).return_code == 0
         self.client.subscribe(("$SYS/broker/#", 0))
-        self._in_refresh = False  # the last next_refresh() stopped at a 'version'
+        self.values: dict[str, bytes] = {}   # the current value of every topic seen
+        self._in_burst = False  # the last next_refresh() stopped at an 'uptime'
+
+    def _receive(self, deadline: float, wanted: object) -> tuple[str, bytes, bool]:
+        try:
+            m = self.client.receive(timeout=max(0.05, deadline - time.monotonic()))
+        except AssertionError:
+            raise AssertionError(f"wanted {wanted}, last seen {self.values}") from None
+        return m.topic[len("$SYS/broker/"):], m.payload, m.retain
 
     def wait(self, expected: dict[str, bytes], timeout: float = 6.0) -> dict[str, bytes]:
-        """Wait for one refresh in which every name has the expected value."""
+        """Wait until every name has the expected value."""
         deadline = time.monotonic() + timeout
-        seen: dict[str, bytes] = {}
-        while True:
-            try:
-                m = self.client.receive(timeout=max(0.05, deadline - time.monotonic()))
-            except AssertionError:
-                raise AssertionError(f"wanted {expected}, last seen {seen}") from None
-            if m.retain:
-                continue
-            name = m.topic[len("$SYS/broker/"):]
-            seen[name] = m.payload
-            if all(seen.get(k) == v for k, v in expected.items()):
-                return seen
+        while not all(self.values.get(k) == v for k, v in expected.items()):
+            name, payload, _ = self._receive(deadline, expected)
+            self.values[name] = payload
+        return dict(self.values)
 
     def next_refresh(self, timeout: float = 4.0) -> dict[str, bytes]:
-        """All values of the next complete live refresh (starting at 'version')."""
+        """Every value as the next complete live burst left it (a burst runs from one
+        live 'uptime' to the next)."""
         deadline = time.monotonic() + timeout
-        values: dict[str, bytes] = {}
-        started, self._in_refresh = self._in_refresh, False
+        started, self._in_burst = self._in_burst, False
         while True:
-            m = self.client.receive(timeout=max(0.05, deadline - time.monotonic()))
-            name = m.topic[len("$SYS/broker/"):]
-            if m.retain:
-                continue
-            if name == "version":
+            name, payload, retain = self._receive(deadline, "a whole burst")
+            if name == "uptime" and not retain:
                 if started:
-                    self._in_refresh = True
-                    return values
+                    self._in_burst = True
+                    now = dict(self.values)
+                    self.values[name] = payload
+                    return now
                 started = True
-            if started:
-                values[name] = m.payload
+            self.values[name] = payload
 
 
 @pytest.mark.core_only("the core's $SYS counters (behind a gateway, clients are AMQP links)")

@@ -36,7 +36,7 @@ def test_identity_holds_at_every_burst_under_fan_in(tmp_path: Any, qos: int) -> 
     threads: list[threading.Thread] = []
     try:
         assert watcher.connect(uid("sys")).return_code == 0
-        watcher.subscribe(("$SYS/broker/messages/#", 0))
+        watcher.subscribe(*Monitor.FILTERS)
         threads.append(threading.Thread(target=monitor.run, daemon=True))
         threads[-1].start()
         sub, _ = _subscribe_slow(proc, qos)
@@ -99,7 +99,7 @@ def test_amqp_receiver_without_credit(tmp_path: Any) -> None:
     conn = publisher = None
     try:
         assert watcher.connect(uid("sys")).return_code == 0
-        watcher.subscribe(("$SYS/broker/messages/#", 0))
+        watcher.subscribe(*Monitor.FILTERS)
         thread.start()
         conn = amqp(proc)
         rcv = receiver(conn, "acct/amqp", credit=None)
@@ -142,9 +142,13 @@ STALL = 1.0               # --stall-timeout: how long publishers stay paused
 
 @dataclass
 class Monitor:
-    """A $SYS subscriber of its own: every live burst of messages/# as one sample
-    (the broker takes a burst's values in one reactor turn, then publishes them in
-    order: received, sent, dropped, queued, ...)."""
+    """A $SYS subscriber of its own: every live burst as one sample of
+    messages/received, sent, dropped and queued.  The broker takes a burst's values
+    in one reactor turn and publishes the uptime first, then the values that changed
+    since its last burst: a sample is the values as one burst left them, taken when
+    the next begins."""
+
+    FILTERS = (("$SYS/broker/uptime", 0), ("$SYS/broker/messages/#", 0))
 
     client: RawClient
     samples: list[dict[str, int]] = field(default_factory=list)
@@ -153,25 +157,23 @@ class Monitor:
     error: BaseException | None = None
 
     def run(self) -> None:
-        burst: dict[str, int] = {}
+        values: dict[str, int] = {}   # the retained values, then every change
+        in_burst = False
         try:
             while not self.stop:
                 try:
                     m = self.client.receive(timeout=0.5)
                 except AssertionError:
                     continue   # no burst in that time (we stop on ``stop``)
-                if m.retain:
-                    continue   # (the values from before we subscribed)
                 name = m.topic.rsplit("/", 1)[1]
-                if name == "received":
-                    burst = {}
+                if name == "uptime" and not m.retain:
+                    if in_burst and len(values) == 4:
+                        with self.cond:
+                            self.samples.append(dict(values))
+                            self.cond.notify_all()
+                    in_burst = True
                 if name in ("received", "sent", "dropped", "queued"):
-                    burst[name] = int(m.payload)
-                if len(burst) == 4:
-                    with self.cond:
-                        self.samples.append(burst)
-                        self.cond.notify_all()
-                    burst = {}
+                    values[name] = int(m.payload)
         except BaseException as exc:   # reported by the test thread
             self.error = exc
             with self.cond:

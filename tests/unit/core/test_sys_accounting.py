@@ -104,10 +104,43 @@ def test_sys_messages_are_neither_received_nor_sent() -> None:
         broker.send_retained(watcher, [("$SYS/broker/messages/#", codes[0])])
         retained = len(link.published())
         assert retained >= 4
+        pub(broker, "t", b"x", 0)            # received changes: the next burst sends it
         clock.advance(5)
-        assert len(link.published()) == 2 * retained
+        live = [m.topic for m, *_ in link.published()[retained:]]
+        assert "$SYS/broker/messages/received" in live
         assert broker.stats.messages_sent == 0
         assert _figures(broker)["sent"] == 0
+    finally:
+        broker.stop()
+
+
+def test_a_burst_publishes_only_the_topics_whose_value_changed() -> None:
+    """As Mosquitto: a $SYS topic is published again only when its value changed
+    (the uptime, every burst; a counter, when it moved); the retained copies stay
+    whole, so a new watcher still gets every topic on subscribe."""
+    broker, clock, _ = make_broker(sys_interval=5)
+    broker.start()
+    try:
+        everything = broker.retained.sys_count     # the first burst, at the start
+        assert everything > 20
+        watcher, link, _ = connect(broker, "watcher")
+        subscribe(broker, watcher, ("$SYS/#", 0))
+        clock.advance(5)                     # clients/connected, subscriptions/count...
+        seen = len(link.published())
+        assert 2 < seen < everything
+        clock.advance(5)                     # nothing happened but time
+        assert [m.topic for m, *_ in link.published()[seen:]] == ["$SYS/broker/uptime"]
+        pub(broker, "nowhere", b"x", 0)
+        clock.advance(5)
+        changed = sorted(m.topic for m, *_ in link.published()[seen + 1:])
+        assert changed == ["$SYS/broker/messages/received",
+                           "$SYS/broker/messages/received/protocol/mqtt",
+                           "$SYS/broker/uptime"], changed
+        assert broker.retained.sys_count == everything
+        late, late_link, _ = connect(broker, "late")
+        codes = subscribe(broker, late, ("$SYS/#", 0))
+        broker.send_retained(late, [("$SYS/#", codes[0])])
+        assert len(late_link.published()) == everything
     finally:
         broker.stop()
 
