@@ -38,9 +38,9 @@ from mqttamqp.core.exchanges.errors import (
     QueueDeclared,
 )
 from mqttamqp.core.persistence import Op, PutQueue, PutQueueArguments, QueueRecord
-from mqttamqp.core.queues.addresses import CLASSIC, QUEUE_PREFIX, STREAM, Consumer
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX, STREAM, Consumer
 from mqttamqp.core.queues.manager import QueueManager
-from mqttamqp.core.queues.model import DeadLetterRoute, QueueLog, Retention
+from mqttamqp.core.queues.model import DeadLetterRoute, QueueLog, Retention, ready_count
 from mqttamqp.core.sessions.session import Session
 
 __all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze",
@@ -71,25 +71,6 @@ def freeze_value(value: object) -> object:
 def thaw(frozen: Frozen) -> dict[str, object]:
     """A frozen field table as a mapping again (nested tables stay frozen)."""
     return dict(frozen)
-
-
-def ready_count(queue: QueueLog) -> int:
-    """Queue ``queue``'s ready messages, as RabbitMQ's backing queue counts them
-    (``len``, which ``queue.delete``'s if-empty, delete-ok and declare-ok read): not
-    those its 0.9.1 consumers' group (named after the queue) holds unacknowledged,
-    nor those it has acknowledged that are still in the log (they leave it at the
-    end of the socket read that acknowledged them: ``QueueLogs._flush_soon``).
-    Without a classic group of that name, every message in the log."""
-    log = queue.log
-    group = queue.groups.get(queue.name)
-    if group is None or group.mode != CLASSIC:
-        return len(log)
-    floor = group.floor
-    below = (sum(1 for o in range(queue.first, floor) if o in log)
-             if floor - queue.first <= len(log) else sum(1 for o in log if o < floor))
-    held = (sum(1 for o in group.pending if o in log)
-            + sum(1 for o in group.done if o in log))
-    return len(log) - below - held
 
 
 def queue_name_problem(name: str) -> str | None:

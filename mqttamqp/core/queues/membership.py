@@ -22,7 +22,7 @@ from mqttamqp.core.queues.addresses import (
     parse_stream_offset,
 )
 from mqttamqp.core.queues.memory import READ_MESSAGES
-from mqttamqp.core.queues.model import ConsumerGroup, Member
+from mqttamqp.core.queues.model import ConsumerGroup, Member, ready_count
 from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.session import Session
 
@@ -208,7 +208,7 @@ class Membership(Acknowledgements):
             # (its window is full: taken now, it would wait in the session unsent
             # while the caller answered as if it had gone; the caller says empty)
             self._commit(self._durable_ops(ops), "recording a basic.get")
-            return False, max(0, len(queue.log) - len(group.pending))
+            return False, ready_count(queue)
         offset = self._next_offset(group, ops)
         while offset is not None and queue.log[offset].props is not None and (
                 self._expire(queue, offset, ops)):
@@ -241,7 +241,7 @@ class Membership(Acknowledgements):
             if again:
                 ops.append(PutQueueGroup(name, group.key, group.record()))
         self._commit(self._durable_ops(ops), "recording a basic.get")
-        return offset is not None, max(0, len(queue.log) - len(group.pending))
+        return offset is not None, ready_count(queue)
 
     def _return_gets(self, session: Session) -> None:
         for group, member in self._gets.pop(session, ()):

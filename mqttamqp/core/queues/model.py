@@ -29,7 +29,7 @@ from mqttamqp.core.topics import topic_matches
 from mqttamqp.records import record
 
 __all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pending",
-           "StreamRead", "DeliveryEnds", "DeadLetterRoute"]
+           "StreamRead", "DeliveryEnds", "DeadLetterRoute", "ready_count"]
 
 # (a ``round_waits`` entry's last offset)
 _LAST = itemgetter(0)
@@ -490,3 +490,22 @@ class ConsumerGroup:
         return (max(0, queue.next_offset - self.next) + len(self.ready) + len(self.parked)
                 + (levels.count if levels is not None else 0)
                 - queue.skipped_between(self.next, queue.next_offset))
+
+
+def ready_count(queue: QueueLog) -> int:
+    """Queue ``queue``'s ready messages, as RabbitMQ's backing queue counts them
+    (``len``, which ``queue.delete``'s if-empty, delete-ok and declare-ok read): not
+    those its 0.9.1 consumers' group (named after the queue) holds unacknowledged,
+    nor those it has acknowledged that are still in the log (they leave it at the
+    end of the socket read that acknowledged them: ``QueueLogs._flush_soon``).
+    Without a classic group of that name, every message in the log."""
+    log = queue.log
+    group = queue.groups.get(queue.name)
+    if group is None or group.mode != CLASSIC:
+        return len(log)
+    floor = group.floor
+    below = (sum(1 for o in range(queue.first, floor) if o in log)
+             if floor - queue.first <= len(log) else sum(1 for o in log if o < floor))
+    held = (sum(1 for o in group.pending if o in log)
+            + sum(1 for o in group.done if o in log))
+    return len(log) - below - held

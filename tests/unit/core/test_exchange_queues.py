@@ -281,6 +281,26 @@ def test_basic_get_takes_one_message_at_a_time() -> None:
     assert not broker.queues.queues["q"].log
 
 
+def test_basic_get_counts_ready_messages_only() -> None:
+    """get-ok's message-count and get-empty's are the ready messages, as RabbitMQ's:
+    not one acknowledged out of order (in the log until those before it are), nor
+    one a consumer holds unacknowledged."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(5):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    session, link = get_session(broker)
+    assert ex.get("q", session) == (True, 4)
+    assert ex.get("q", session) == (True, 3)
+    broker.acknowledged(session, link.published()[1][2])   # the second, not the first
+    assert len(broker.queues.queues["q"].log) == 5   # (kept: the first is unacknowledged)
+    assert ex.get("q", session) == (True, 2)
+    _, consumer = consume(broker, "q")   # takes the two ready ones, holds them
+    assert len(consumer.published()) == 2
+    assert ex.get("q", session) == (False, 0)
+
+
 def test_an_unsettled_get_goes_back_when_its_session_goes() -> None:
     """A message got and not acknowledged is back in the queue once the channel's
     session goes, and is got again marked redelivered with its delivery counted;
