@@ -334,6 +334,14 @@ def main() -> None:
         os.nice(WRITER_NICE)
     except OSError:
         pass
+    # And, on Linux, SCHED_IDLE: a nice-19 task that is running when a broker or
+    # client thread wakes on its CPU is not preempted at once (traced here: a woken
+    # subscriber waited ~2 ms behind it, bench/README "Tail latency, session 24");
+    # an idle-policy task always is, and it runs only on CPU time no other task wants.
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
     steps = 0
     try:
         config = read_frame(inp)

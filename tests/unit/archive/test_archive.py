@@ -462,8 +462,8 @@ def test_a_writer_process_that_dies_is_counted_and_replaced(tmp_path: Path,
 
 def test_the_writer_process_is_a_child_that_a_clean_close_ends(tmp_path: Path,
                                                                clock: Clock) -> None:
-    """The writer is a child process at a lower priority than the broker, and a clean close
-    ends it."""
+    """The writer is a child process at a lower priority than the broker (nice 19 and the
+    idle scheduling policy), and a clean close ends it."""
     a = Archive(str(tmp_path), clock)
     a.start()
     assert a.wait_step(30)
@@ -474,6 +474,8 @@ def test_the_writer_process_is_a_child_that_a_clean_close_ends(tmp_path: Path,
     # it runs at a lower priority than the broker: the broker comes first
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(
         19, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICE)
+    # and on Linux only on CPU time no other task wants (preempted at once on a wake-up)
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
     a.close()
     assert a.writer_pid is None and not alive(pid)
 
