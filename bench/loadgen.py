@@ -843,12 +843,12 @@ class SysSampler:
     (a broker that takes every value of a burst before publishing it) or
     ``"none"`` (mqttamqp since issue 15: its own $SYS messages are not in ``sent``).
     Retained values delivered on subscribe were taken before the monitor existed.
-    ``complete_bursts``: the broker sends every watched counter in every burst
-    (mqttamqp), so a burst ends as soon as each has come; otherwise it ends after
-    a gap (``burst_gap_s``)."""
+    ``burst_marker``: a topic the broker sends first in every burst (mqttamqp's
+    uptime), so a burst ends when the next one starts; otherwise, and also, it ends
+    after a gap (``burst_gap_s``)."""
 
     def __init__(self, topics, t0_ns, sent_from="message", max_samples=2000,
-                 complete_bursts=False):
+                 burst_marker=None):
         self.role_of = {t.encode(): r for r, t in topics.items()}
         self.values = {}
         self.sys_rx = 0
@@ -859,17 +859,18 @@ class SysSampler:
         self.samples = []
         self.t0_ns = t0_ns
         self.max_samples = max_samples
-        self.complete_bursts = complete_bursts
-        self.seen = set()    # roles seen in the current burst
+        self.marker = burst_marker.encode() if burst_marker else None
 
-    def message(self, topic, payload, retained):
-        """One $SYS message; True when it completed a burst (``complete_bursts``)."""
+    def message(self, topic, payload, retained, now_ns):
+        """One $SYS message; True when it closed the burst before it (a live
+        ``burst_marker``)."""
+        closed = False
+        if topic == self.marker and not retained and self.in_burst:
+            closed = self.close_burst(now_ns)
         if not self.in_burst:
             self.burst_start_rx = self.sys_rx
-            self.seen = set()
         role = self.role_of.get(topic)
         if role is not None:
-            self.seen.add(role)
             try:
                 self.values[role] = int(payload.split()[0])
             except (ValueError, IndexError):
@@ -880,7 +881,7 @@ class SysSampler:
                                         if self.sent_from == "burst" else self.sys_rx)
         self.sys_rx += 1
         self.in_burst = True
-        return self.complete_bursts and len(self.seen) == len(self.role_of)
+        return closed
 
     def close_burst(self, now_ns):
         """Evaluate received - (sent + dropped + queued) with the latest values."""
@@ -924,15 +925,16 @@ def role_sysmon(a):
     received = sent + dropped + queued at every $SYS burst, until STOP (then one
     more burst, bounded) or the deadline.  args: host, port, topics {role: topic}
     with roles received, sent, dropped and optionally queued and store_count,
-    sent_from and complete_bursts (see SysSampler), burst_gap_s, client_prefix,
+    sent_from and burst_marker (see SysSampler), burst_gap_s, client_prefix,
     deadline, after_stop_s."""
     deadline = a["deadline"]
     topics = a["topics"]
     gap_ns = int(a.get("burst_gap_s", 0.1) * 1e9)
+    marker = a.get("burst_marker")
     s, parser, extra = mqtt_open(a["host"], a["port"], "%s-0" % a["client_prefix"],
-                                 subs=[(t, 0) for t in topics.values()])
+                                 subs=[(t, 0) for t in [*topics.values(), *([marker] if marker else [])]])
     sampler = SysSampler(topics, mono_ns(), a.get("sent_from", "message"),
-                         complete_bursts=a.get("complete_bursts", False))
+                         burst_marker=marker)
     last_ns = mono_ns()
 
     def feed(packets):
@@ -953,10 +955,10 @@ def role_sysmon(a):
                         break
                 off += plen
             last_ns = mono_ns()
-            if sampler.message(bytes(body[2:2 + tl]), bytes(body[off:]), bool(h & 1)):
-                closed.append(sampler.close_burst(last_ns))
+            if sampler.message(bytes(body[2:2 + tl]), bytes(body[off:]), bool(h & 1), last_ns):
+                closed.append(True)
 
-    closed = []   # bursts closed by their last counter (complete_bursts)
+    closed = []   # bursts closed by the next one's marker (burst_marker)
     feed(extra)
     emit("READY", {"topics": topics})
     stop_by = None  # after STOP: report after the next burst, or at this time

@@ -312,9 +312,10 @@ def run_throughput(sc, broker, cfg, tag):
             mqttamqp = broker.kind == "mqttamqp"
             mon = Worker("sysmon", {"host": HOST, "port": port, "topics": SYS_TOPICS[broker.kind],
                                     "sent_from": "none" if mqttamqp else "message",
-                                    # mqttamqp sends every counter in every burst: a burst
-                                    # ends with its last one (no gap needed at 0.1 s)
-                                    "complete_bursts": mqttamqp,
+                                    # mqttamqp sends its uptime first in every burst, then
+                                    # what changed: a burst ends when the next starts (no
+                                    # gap to wait for at 0.1 s)
+                                    **({"burst_marker": "$SYS/broker/uptime"} if mqttamqp else {}),
                                     "client_prefix": "sys-%s" % tag, "deadline": deadline + idle_s + 30},
                          "sysmon")
             workers.append(mon)
