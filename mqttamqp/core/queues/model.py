@@ -494,18 +494,14 @@ class ConsumerGroup:
 
 def ready_count(queue: QueueLog) -> int:
     """Queue ``queue``'s ready messages, as RabbitMQ's backing queue counts them
-    (``len``, which ``queue.delete``'s if-empty, delete-ok and declare-ok read): not
-    those its 0.9.1 consumers' group (named after the queue) holds unacknowledged,
-    nor those it has acknowledged that are still in the log (they leave it at the
-    end of the socket read that acknowledged them: ``QueueLogs._flush_soon``).
-    Without a classic group of that name, every message in the log."""
-    log = queue.log
+    (``len``, which ``queue.delete``'s if-empty, delete-ok and declare-ok and
+    ``basic.get-ok`` read): not those its 0.9.1 consumers' group (named after the
+    queue) holds unacknowledged, nor those it has acknowledged that are still in the
+    log (after one acknowledged out of order, or until the end of the socket read that
+    acknowledged them: ``QueueLogs._flush_soon``), so the group's ``lag``: what it
+    has not handed out, without a walk over what it holds (``basic.get`` reads it at
+    every get).  Without a classic group of that name, every message in the log."""
     group = queue.groups.get(queue.name)
     if group is None or group.mode != CLASSIC:
-        return len(log)
-    floor = group.floor
-    below = (sum(1 for o in range(queue.first, floor) if o in log)
-             if floor - queue.first <= len(log) else sum(1 for o in log if o < floor))
-    held = (sum(1 for o in group.pending if o in log)
-            + sum(1 for o in group.done if o in log))
-    return len(log) - below - held
+        return len(queue.log)
+    return group.lag()
