@@ -834,9 +834,9 @@ def role_idle(a):
 class SysSampler:
     """The latest value of each watched ``$SYS`` counter, and one sample per burst.
 
-    Both brokers publish their counters in a burst every ``sys_interval``; Mosquitto
-    sends only the values that changed, so a sample combines the burst with the last
-    value seen of every other counter.  The brokers count the $SYS messages they send
+    Both brokers publish their counters in a burst every ``sys_interval``, only the
+    values that changed (mqttamqp since session 25), so a sample combines the burst
+    with the last value seen of every other counter.  The brokers count the $SYS messages they send
     to this monitor in ``sent``; the monitor subtracts the ones it had received
     when the value was taken: ``sent_from="message"`` (Mosquitto counts as it
     sends, so all those before the message that carries ``sent``), ``"burst"``
@@ -962,6 +962,9 @@ def role_sysmon(a):
     feed(extra)
     emit("READY", {"topics": topics})
     stop_by = None  # after STOP: report after the next burst, or at this time
+    # Closes to wait for after STOP: with a marker the first one may close a burst that
+    # began before STOP, so the sample at rest is the second (one that began after it).
+    closes_after_stop = 0
     stdin_open = True
     stdin_buf = b""
     reason = "deadline"
@@ -994,11 +997,15 @@ def role_sysmon(a):
         now_ns = mono_ns()
         if sampler.in_burst and now_ns - last_ns > gap_ns:
             closed.append(sampler.close_burst(now_ns))
-        if any(closed) and stop_by is not None:
-            reason = "stop"
-            break
+        if stop_by is not None:
+            closes_after_stop += sum(1 for c in closed if c)
+            if closes_after_stop >= (2 if marker else 1):
+                reason = "stop"
+                break
         closed.clear()
-    sampler.close_burst(mono_ns())
+    if not (marker and reason == "stop"):
+        # (with a marker, the burst it just started may be only partly read: not one)
+        sampler.close_burst(mono_ns())
     close_gracefully([s], timeout=1.0)
     res = sampler.report()
     res["stop_reason"] = reason

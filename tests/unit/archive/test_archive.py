@@ -474,8 +474,9 @@ def test_the_writer_process_is_a_child_that_a_clean_close_ends(tmp_path: Path,
     # it runs at a lower priority than the broker: the broker comes first
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(
         19, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICE)
-    # and on Linux only on CPU time no other task wants (preempted at once on a wake-up)
-    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    # and, where the system has it, the idle policy (preempted at once on a wake-up)
+    if hasattr(os, "SCHED_IDLE"):
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
     a.close()
     assert a.writer_pid is None and not alive(pid)
 

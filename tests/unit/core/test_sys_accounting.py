@@ -145,6 +145,24 @@ def test_a_burst_publishes_only_the_topics_whose_value_changed() -> None:
         broker.stop()
 
 
+def test_the_uptime_starts_every_burst_even_unchanged() -> None:
+    """At an interval under a second the uptime's value (whole seconds) repeats: it is
+    published anyway, first, so a watcher sees each burst start (bench/loadgen.py's
+    monitor and the live tests count on it)."""
+    broker, clock, _ = make_broker(sys_interval=0.2)
+    broker.start()
+    try:
+        watcher, link, _ = connect(broker, "watcher")
+        subscribe(broker, watcher, ("$SYS/#", 0))
+        clock.advance(0.2)
+        seen = len(link.published())
+        clock.advance(0.2)
+        assert [(m.topic, m.payload) for m, *_ in link.published()[seen:]] == [
+            ("$SYS/broker/uptime", b"0 seconds")]
+    finally:
+        broker.stop()
+
+
 def test_sys_copies_a_congested_watcher_misses_are_not_counted_as_dropped() -> None:
     """Not traffic either way: a $SYS copy a congested client cannot take is not a
     drop (before, dropped grew by every $SYS topic at every burst while received
