@@ -206,8 +206,9 @@ class Bridges:
 
     def _sample(self) -> None:
         """Every ``SAMPLE`` s (or ``--sys-interval`` if shorter): each bridge's rates;
-        every ``--sys-interval`` (0: never) its ``$SYS`` topics, retained, as the
-        broker's own messages."""
+        every ``--sys-interval`` (0: never) those of its ``$SYS`` topics whose value
+        changed since the retained copy, retained, as the broker's own messages
+        (as ``SysTopics`` does)."""
         now = self.reactor.seconds()
         elapsed, self._sampled = now - self._sampled, now
         for bridge in self.bridges:
@@ -215,12 +216,16 @@ class Bridges:
         interval = self.broker.limits.sys_interval
         if interval > 0 and now - self._sys_at >= interval - 0.001:
             self._sys_at = now
+            retained = self.broker.retained
             with self.broker.stats.own_messages():
                 for bridge in self.bridges:
                     if bridge.state != "stopped":
                         for topic, payload in sys_topics(bridge):
-                            self.broker.publish(Message(topic, payload.encode(), 0, True,
-                                                        None, now),
+                            data = payload.encode()
+                            old = retained.get(topic)
+                            if old is not None and old.payload == data:
+                                continue
+                            self.broker.publish(Message(topic, data, 0, True, None, now),
                                                 None, wait=False, counted=False)
         self._sampler = self.reactor.callLater(self._period(), self._sample)
 
