@@ -329,7 +329,8 @@ def main() -> None:
     # leaves, and when that is not enough the broker's buffer fills and records are
     # dropped and counted ($SYS/broker/archive/dropped), as for any slow writer.
     # Measured on two busy cores: archive-on throughput 0.77 of off at nice 0, 0.95
-    # at nice 19 (every message still archived).
+    # at nice 19 (every message still archived; session 25, with SCHED_IDLE too: 2 of
+    # 3 runs archived every message, as at nice 19 alone in the same run).
     try:
         os.nice(WRITER_NICE)
     except OSError:
@@ -337,7 +338,7 @@ def main() -> None:
     # And, on Linux, SCHED_IDLE: a nice-19 task that is running when a broker or
     # client thread wakes on its CPU is not preempted at once (traced here: a woken
     # subscriber waited ~2 ms behind it, bench/README "Tail latency, session 24");
-    # an idle-policy task always is, and it runs only on CPU time no other task wants.
+    # an idle-policy task always is (its weight is a fifth of nice 19's).
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
