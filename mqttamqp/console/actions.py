@@ -23,7 +23,7 @@ from mqttamqp.console.traffic import ReportRunner
 from mqttamqp.core.auth import peer_host
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
-from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from mqttamqp.core.topics import is_sys_topic, validate_topic_filter, validate_topic_name
 from mqttamqp.security.bans import BanError
 
 __all__ = ["ActionError", "ActionResult", "ConsoleActions", "MAX_BULK"]
@@ -236,6 +236,10 @@ class ConsoleActions:
         problem = validate_topic_name(topic)
         if problem is not None:
             raise ActionError(400, f"invalid topic: {problem}")
+        if is_sys_topic(topic):
+            # (no client publishes there either: the broker's own topics, which its
+            # watchers keep until the value changes)
+            raise ActionError(400, "invalid topic: $SYS is the broker's own")
         if qos not in (0, 1, 2):
             raise ActionError(400, "QoS must be 0, 1 or 2")
         try:

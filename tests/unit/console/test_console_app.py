@@ -511,6 +511,11 @@ def test_publish_page_and_action(logged_in: Any, audit: Any) -> None:
                                              "encoding": "hex"}, hdr).code == 400
     client.post("/publish", topic="bad/#", payload="x")
     assert "invalid topic" in client.get("/publish").text
+    # $SYS is the broker's own, as for clients: a watcher would keep a false value
+    assert client.post_json("/api/publish", {"topic": "$SYS/broker/clients/connected",
+                                             "payload": "999"}, hdr).code == 400
+    assert broker.retained.get("$SYS/broker/clients/connected") is None or (
+        broker.retained.get("$SYS/broker/clients/connected").payload != b"999")
     assert "action=publish" in audit_text(audit) and "user='admin'" in audit_text(audit)
 
 
