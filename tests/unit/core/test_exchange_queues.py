@@ -4,11 +4,24 @@ default exchange, consumers, transient queues, basic.get, purge, connection clos
 
 from __future__ import annotations
 
+from typing import Any
+
 from exchange_facade import code_of, consume, depth, get_session, message
 from fakes import ManualMemoryStore, MemoryStore
 from queue_facade import client, got, join, make, send
 
 from mqttamqp.core.broker import Broker, Outcome
+
+
+def _filled(count: int) -> tuple[Broker, Any]:
+    """A broker with durable queue ``q`` holding ``count`` messages b"0", b"1"...,
+    and its exchanges."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(count):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    return broker, ex
 
 
 def _ready(broker: Broker, name: str) -> int:
@@ -155,11 +168,7 @@ def test_delete_if_empty_counts_ready_messages_only() -> None:
     holds unacknowledged does not, nor what it acknowledged earlier in the same
     socket read (in the log until the batch ends); delete-ok and declare-ok count
     ready messages only."""
-    broker, _, _ = make()
-    ex = broker.exchanges
-    ex.declare_queue("q", "c1", durable=True)
-    for i in range(3):
-        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    broker, ex = _filled(3)
     assert code_of(ex.delete_queue, "q", "c1", if_empty=True) == 406
     assert ex.declare_queue("q", "c1", passive=True)[0].message_count == 3
     session, link = consume(broker, "q")
@@ -178,11 +187,7 @@ def test_purge_does_not_count_what_was_acknowledged_in_the_same_read() -> None:
     """queue.purge right after the basic.ack of every delivery, in one socket read:
     purge-ok says 0 (RabbitMQ's count is its ready messages), though the acknowledged
     messages leave the log only at the read's end; a later message is delivered."""
-    broker, _, _ = make()
-    ex = broker.exchanges
-    ex.declare_queue("q", "c1", durable=True)
-    for i in range(3):
-        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    broker, ex = _filled(3)
     session, link = consume(broker, "q")
     ex.publish(message(b"3", broker=broker), "", "q")
     held = [p[2] for p in link.published()]
@@ -278,11 +283,7 @@ def test_a_transient_queue_does_not_dead_letter_into_storage() -> None:
 def test_basic_get_takes_one_message_at_a_time() -> None:
     """basic.get hands one message, says how many are left, and says empty when
     there is none; an acknowledged one is gone."""
-    broker, _, _ = make()
-    ex = broker.exchanges
-    ex.declare_queue("q", "c1", durable=True)
-    for i in range(2):
-        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    broker, ex = _filled(2)
     session, link = get_session(broker)
     assert ex.get("q", session) == (True, 1)
     assert got(link) == [("$queue/q", b"0")]
@@ -297,11 +298,7 @@ def test_basic_get_counts_ready_messages_only() -> None:
     acknowledged out of order (in the log until those before it are), nor one a
     consumer holds unacknowledged; the count the queue keeps agrees at every step
     with a walk over the log."""
-    broker, _, _ = make()
-    ex = broker.exchanges
-    ex.declare_queue("q", "c1", durable=True)
-    for i in range(5):
-        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    broker, ex = _filled(5)
     session, link = get_session(broker)
     assert ex.get("q", session) == (True, 4) and _ready(broker, "q") == 4
     assert ex.get("q", session) == (True, 3) and _ready(broker, "q") == 3
