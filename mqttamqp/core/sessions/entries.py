@@ -16,11 +16,11 @@ from typing import Final, Protocol, cast
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
-from mqttamqp.native import mypyc_attr, trait
+from mqttamqp.native import build, mypyc_attr, trait
 
 __all__ = ["ClientLink", "NativeLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share",
            "NO_OPS", "NEVER", "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT",
-           "NO_SUBSCRIPTIONS", "NO_SUBSCRIPTION_IDS"]
+           "NO_SUBSCRIPTIONS", "NO_SUBSCRIPTION_IDS", "NATIVE_CALLS"]
 
 
 class Share(Protocol):
@@ -55,6 +55,12 @@ class ClientLink(Protocol):
 
     def close(self, reason: str) -> None:
         """Broker-initiated close; the link must not call back into the broker."""
+
+
+#: The compiled build calls a ``NativeLink``'s ``send_publish`` natively
+#: (``Session.deliver``, ``InflightWindow.pump``); the pure build skips the
+#: ``isinstance`` that costs it more than the call saves.
+NATIVE_CALLS: Final[bool] = build() == "compiled"
 
 
 @trait

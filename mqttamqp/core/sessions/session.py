@@ -34,6 +34,7 @@ from mqttamqp.core.persistence import (
     StoredQueued,
 )
 from mqttamqp.core.sessions.entries import (
+    NATIVE_CALLS,
     NEVER,
     NO_EXPIRED,
     NO_IDS,
@@ -52,7 +53,7 @@ from mqttamqp.core.sessions.entries import (
 from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
 from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
-from mqttamqp.native import build, mypyc_attr
+from mqttamqp.native import mypyc_attr
 
 __all__ = ["BacklogBound", "Session", "SessionState", "SessionStateError",
            "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
@@ -65,9 +66,6 @@ RETAIN_AS_PUBLISHED: Final = 0x08
 RETAIN_HANDLING: Final = 0x30
 
 _SENT: Final = QueuedState.SENT
-#: The compiled build calls an MQTT or AMQP 1.0 link natively (``NativeLink``);
-#: the pure build skips the ``isinstance`` that costs it more than the call saves.
-_NATIVE: Final[bool] = build() == "compiled"
 
 
 class SessionState(Enum):
@@ -330,7 +328,7 @@ class Session(InflightWindow, SessionExtras):
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
-            if _NATIVE and isinstance(link, NativeLink):   # (native, not by name)
+            if NATIVE_CALLS and isinstance(link, NativeLink):   # (native, not by name)
                 native: NativeLink = link
                 native.send_publish(message, 0, None, False, retain, subscription_ids)
             elif subscription_ids:
@@ -378,7 +376,7 @@ class Session(InflightWindow, SessionExtras):
             inflight[packet_id] = entry
             if subscription_ids:
                 entry.subscription_ids = subscription_ids
-            if _NATIVE and isinstance(link, NativeLink):   # (as for QoS 0)
+            if NATIVE_CALLS and isinstance(link, NativeLink):   # (as for QoS 0)
                 native = link
                 native.send_publish(message, qos, packet_id, False, retain, subscription_ids)
             elif subscription_ids:

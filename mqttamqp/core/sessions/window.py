@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, MutableSet
-from typing import Final
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
 from mqttamqp.core.sessions.entries import (
+    NATIVE_CALLS,
     NO_IDS,
     NO_INFLIGHT,
     NO_OPS,
@@ -30,13 +30,11 @@ from mqttamqp.core.sessions.entries import (
     NativeLink,
     OutEntry,
 )
-from mqttamqp.native import build, mypyc_attr
+from mqttamqp.native import mypyc_attr
 
 __all__ = ["InflightWindow", "ack_problem"]
 
 _SENT = QueuedState.SENT
-# ``pump`` calls a ``NativeLink`` natively in the compiled build (``session._NATIVE``).
-_NATIVE: Final[bool] = build() == "compiled"
 
 
 def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | None:
@@ -114,7 +112,7 @@ class InflightWindow:
         inflight = self.inflight
         window = self.window
         # (``send_publish`` of a ``NativeLink`` called natively in the compiled build)
-        native: NativeLink | None = link if _NATIVE and isinstance(link, NativeLink) else None
+        native: NativeLink | None = link if NATIVE_CALLS and isinstance(link, NativeLink) else None
         # (``congested`` by name: a queue link's is a property, credit included)
         while queue and len(inflight) < window and not link.congested:
             entry = queue[0]
