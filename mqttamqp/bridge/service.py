@@ -222,8 +222,7 @@ class Bridges:
                     if bridge.state != "stopped":
                         for topic, payload in sys_topics(bridge):
                             data = payload.encode()
-                            old = retained.get(topic)
-                            if old is not None and old.payload == data:
+                            if retained.holds(topic, data):
                                 continue
                             self.broker.publish(Message(topic, data, 0, True, None, now),
                                                 None, wait=False, counted=False)

@@ -94,8 +94,7 @@ class SysTopics:
         with self.stats.own_messages():   # (not traffic: neither received nor sent)
             for topic, payload in topics:
                 data = payload.encode()
-                old = retained.get(topic)
-                if old is not None and old.payload == data and topic != UPTIME:
+                if topic != UPTIME and retained.holds(topic, data):
                     continue
                 self.router.publish(Message(topic, data, 0, True, None, now),
                                     counted=False)

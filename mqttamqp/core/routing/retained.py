@@ -52,6 +52,12 @@ class RetainedStore:
                 return None
         return node.message if node is not None else None
 
+    def holds(self, topic: str, payload: bytes) -> bool:
+        """Whether ``topic``'s retained message has this payload: ``$SYS`` publishes
+        only what changed (``SysTopics``, the bridges' topics)."""
+        message = self.get(topic)
+        return message is not None and message.payload == payload
+
     def room_for(self, message: Message, max_count: int, max_bytes: int) -> bool:
         """Would storing ``message`` keep the clients' retained messages (``$SYS`` not
         counted) within the bounds?  A replacement that adds neither messages nor
