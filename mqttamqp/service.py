@@ -35,6 +35,7 @@ from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.native import build
 from mqttamqp.net.accept import AcceptRefusals
 from mqttamqp.net.dispatch import lean_dispatch
+from mqttamqp.net.fdtable import grow_descriptor_table
 from mqttamqp.net.tls import TLSSettings
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
@@ -194,9 +195,8 @@ class BrokerService(service.MultiService):
         return svc
 
     def _refused_for_resources(self) -> None:
-        """A listener closed a connection it could not keep (no descriptor): counted
-        as refused, and as the ``file_descriptors`` limit
-        (``$SYS/broker/limits/file_descriptors``, ``mqttamqp_limit_hits_total``)."""
+        """A listener closed a connection it could not keep (no descriptor): counted as
+        refused, and as the ``file_descriptors`` limit (``$SYS``, ``/metrics``)."""
         stats = self.broker.stats
         stats.connections_refused += 1
         stats.limit_hit("file_descriptors")
@@ -213,12 +213,14 @@ class BrokerService(service.MultiService):
     def startService(self) -> None:
         """Start, or stop at the first thing that cannot start, undoing the rest.
 
-        Order: the data directory, then the store (its lock: a second broker on the
-        same data stops here, before its archive removes anything), then every
-        listener is bound, and only then is anything else started (state loaded,
-        archive, the console's first admin user, "listening for" lines).  A failure
-        among these is one critical log line and a ``StartupError``."""
+        Order: the descriptor table grown for --max-connections (``net.fdtable``), the
+        data directory, then the store (its lock: a second broker on the same data
+        stops here, before its archive removes anything), then every listener is bound,
+        and only then is anything else started (state loaded, archive, the console's
+        first admin user, "listening for" lines).  A failure among these is one
+        critical log line and a ``StartupError``."""
         logbridge.install()
+        grow_descriptor_table(self.broker.limits.max_connections)
         try:
             _prepare_data_dir(self.data_dir)
             if self.ha is not None:   # the console and metrics only, until leader
@@ -364,9 +366,8 @@ class BrokerService(service.MultiService):
         sys.setswitchinterval(0.001)
         lean_dispatch(self.reactor)   # (``net.dispatch``: less work per wake-up)
         # Loading builds a few objects per stored record and frees almost none: the
-        # collector's passes over them meanwhile were a quarter of the load's CPU
-        # (10,000 sessions, 100,000 retained; an --ha takeover waits for it).  The
-        # collection below does the one pass needed.
+        # collector's passes over them were a quarter of the load's CPU (10,000 sessions,
+        # 100,000 retained; an --ha takeover waits for it).  The one pass: below.
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -405,8 +406,8 @@ class BrokerService(service.MultiService):
         super().startService()  # type: ignore[no-untyped-call]
 
     def reload_acl(self) -> None:
-        """Re-read the ACL file if it changed; then the subscriptions every session
-        holds are checked against the new rules."""
+        """Re-read the ACL file if it changed; then every session's subscriptions are
+        checked against the new rules."""
         if self.acl is not None and self.acl.reload():
             self.broker.commands.recheck_subscriptions()
 
@@ -445,9 +446,8 @@ class BrokerService(service.MultiService):
                 amqp091_conn.transport.abortConnection()
         self.store.close()
         if self.archive is not None:
-            # The aborted connections end on the next reactor turn; let them, so
-            # their ends are recorded, then close the open segments (renamed into
-            # place).
+            # The aborted connections end on the next reactor turn; let them, so their
+            # ends are recorded, then close the open segments (renamed into place).
             await task.deferLater(self.reactor, 0, lambda: None)
             await self.archive.close()
         # What the hooks still hold is not sent (their queues are not durable).

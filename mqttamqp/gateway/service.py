@@ -36,6 +36,7 @@ from mqttamqp.gateway.frontend import GatewayFactory
 from mqttamqp.gateway.pool import UpstreamPool
 from mqttamqp.gateway.target import Upstream, parse_upstream, tls_options
 from mqttamqp.listeners import ListenerService
+from mqttamqp.net.fdtable import grow_descriptor_table
 from mqttamqp.security.storeauth import StoreAuthenticator
 from mqttamqp.security.userstore import UserStore
 
@@ -86,6 +87,7 @@ class GatewayService(service.MultiService):
                                            limits.max_inflight)
         self.listeners: list[ListenerService] = []
         self.ws_factory: Any = None
+        self.max_connections = limits.max_connections
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         svc = ListenerService("MQTT", description, self.mqtt_factory, self.reactor, "anyone")
@@ -119,6 +121,7 @@ class GatewayService(service.MultiService):
 
     def startService(self) -> None:
         logbridge.install()
+        grow_descriptor_table(self.max_connections)   # (``net.fdtable``: no stall at accept)
         for listener in self.listeners:
             listener.listen()
         self.log.info("gateway mode: MQTT clients are served by the core at {u} over "

@@ -17,6 +17,9 @@ Modules (each says in its docstring why its trick pays):
   Twisted's and stay interpreted).
 * ``accept``: a listener's accept failures (no descriptor, no memory) as a counter
   and one log line a spell (it replaces the port's private ``_logger``).
+* ``fdtable``: the process's descriptor table grown once at start for
+  ``--max-connections``, so that no ``accept`` waits for the kernel to grow it
+  (an RCU grace period, in a process with threads).
 * ``tls``: ``ssl:`` endpoints with TLS 1.2+ and client certificates (it replaces
   the endpoint's private ``_sslContextFactory``).
 * ``websocket``: a WebSocket seen as a byte stream (``StreamOverWebSocket``), for a

@@ -1,11 +1,45 @@
-"""A real broker process out of file descriptors: it refuses connections with one log
+"""A real broker process and its file descriptors: its descriptor table is grown at
+start for --max-connections; out of descriptors, it refuses connections with one log
 line a spell and counts them."""
 
 from __future__ import annotations
 
 import os
+import resource
 import socket
 from typing import Any
+
+import pytest
+
+
+def _fdsize(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("FDSize:"))
+
+
+def test_the_descriptor_table_is_grown_at_start_for_max_connections(tmp_path: Any) -> None:
+    """The broker grows its descriptor table once at start (``net.fdtable``): a table
+    that doubles under load makes each ``accept`` that needs a bigger one wait for an
+    RCU grace period, the reactor stopped.  Before, a broker that had just started
+    had the few hundred slots its own files needed."""
+    from brokerproc import BrokerProcess
+
+    from mqttamqp.net.fdtable import HEADROOM
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < 2048:
+        pytest.skip(f"a descriptor limit of {soft} leaves nothing to tell apart")
+    want = 3000 + HEADROOM
+    if soft != resource.RLIM_INFINITY:
+        want = min(want, soft)
+    broker = BrokerProcess(str(tmp_path / "data"), "--no-archive", "--max-connections",
+                           "3000")
+    broker.start()
+    try:
+        assert broker.proc is not None
+        assert _fdsize(broker.proc.pid) >= want
+    finally:
+        broker.stop()
 
 
 def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
@@ -13,8 +47,6 @@ def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
     """A real broker whose descriptor limit is lowered under it: new connections are
     closed at once, the log says so in one line (not Twisted's three a connection),
     and each refusal is counted in /metrics."""
-    import resource
-
     from brokerproc import BrokerProcess
     from console_support import ConsoleHTTP
     from prometheus_client.parser import text_string_to_metric_families
