@@ -203,7 +203,8 @@ PARAMETERS: list[list[Any]] = [
      "Refuse sockets beyond this many live connections, counted per protocol "
      "(MQTT and AMQP each; AMQP 1.0 and 0.9.1 together); an MQTT-over-WebSocket "
      "socket counts from its accept, its HTTP upgrade included. The AMQP port's "
-     "sockets still waiting for their protocol header are bounded by it too.",
+     "sockets still waiting for their protocol header are bounded by it too. The "
+     "process's descriptor table is grown for it at start (up to ulimit -n).",
      _positive(int, "max-connections")],
     ["max-packet-size", None, _D.max_packet_size,
      "Largest MQTT packet accepted, in bytes; larger ones close the connection.",

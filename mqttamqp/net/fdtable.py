@@ -7,8 +7,9 @@ process with more than one thread sharing the table (the broker has its ZODB
 writer and the reactor's pool) each doubling waits for an RCU grace period
 (``expand_fdtable``'s ``synchronize_rcu``) inside the system call that needed the
 slot: for a broker, the ``accept`` of a new client, with the reactor stopped.
-Measured here (``perf sched``, 2026-12-01, kernel 6.18): 10 to 20 ms each time, eight
-times between 64 and 16,384 connections, while the clients waited for their
+Measured here (``perf sched``, 2026-12-01, kernel 6.18): 7 to 13 ms each time, six
+times between the 256 slots a started broker has and 16,384 (9,000 clients
+connecting: 65 ms of a 330 ms connect storm), while the clients waited for their
 CONNACKs; a single-threaded broker (Mosquitto) never waits.  A table that holds
 the descriptors wanted from the start never grows again (the kernel never shrinks
 it), so the waits are gone; growing it costs one grace period at start-up at most
