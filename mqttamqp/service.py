@@ -195,8 +195,8 @@ class BrokerService(service.MultiService):
         return svc
 
     def _refused_for_resources(self) -> None:
-        """A listener closed a connection it could not keep (no descriptor): counted as
-        refused, and as the ``file_descriptors`` limit (``$SYS``, ``/metrics``)."""
+        """A connection a listener could not keep (no descriptor): counted as refused, and
+        as ``$SYS/broker/limits/file_descriptors`` (``mqttamqp_limit_hits_total``)."""
         stats = self.broker.stats
         stats.connections_refused += 1
         stats.limit_hit("file_descriptors")
@@ -213,14 +213,14 @@ class BrokerService(service.MultiService):
     def startService(self) -> None:
         """Start, or stop at the first thing that cannot start, undoing the rest.
 
-        Order: the descriptor table grown for --max-connections (``net.fdtable``), the
-        data directory, then the store (its lock: a second broker on the same data
-        stops here, before its archive removes anything), then every listener is bound,
-        and only then is anything else started (state loaded, archive, the console's
-        first admin user, "listening for" lines).  A failure among these is one
-        critical log line and a ``StartupError``."""
+        Order: the descriptor table grown for --max-connections of MQTT and of AMQP
+        (``net.fdtable``), the data directory, then the store (its lock: a second
+        broker on the same data stops here, before its archive removes anything), then
+        every listener is bound, and only then is anything else started (state loaded,
+        archive, the console's first admin user, "listening for" lines).  A failure
+        among these is one critical log line and a ``StartupError``."""
         logbridge.install()
-        grow_descriptor_table(self.broker.limits.max_connections)
+        grow_descriptor_table(self.broker.limits.max_connections * (1 + bool(self._amqp_port)))
         try:
             _prepare_data_dir(self.data_dir)
             if self.ha is not None:   # the console and metrics only, until leader

@@ -1,8 +1,10 @@
 """The process's descriptor table, grown once at start-up to what ``--max-connections``
 will need: ``grow_descriptor_table``.
 
-Linux keeps a process's open files in one table that starts with 64 slots and
-doubles when a new descriptor does not fit (``expand_files`` in ``fs/file.c``).  In a
+Linux keeps a process's open files in one table that starts with 64 slots (on a
+64-bit machine) and grows, when a new descriptor does not fit, to the next power of
+two that holds it (``expand_files`` in ``fs/file.c``): opened one at a time,
+descriptors double it again and again.  In a
 process with more than one thread sharing the table (the broker has its ZODB
 writer and the reactor's pool) each doubling waits for an RCU grace period
 (``expand_fdtable``'s ``synchronize_rcu``) inside the system call that needed the
@@ -13,8 +15,9 @@ connecting: 65 ms of a 330 ms connect storm), while the clients waited for their
 CONNACKs; a single-threaded broker (Mosquitto) never waits.  A table that holds
 the descriptors wanted from the start never grows again (the kernel never shrinks
 it), so the waits are gone; growing it costs one grace period at start-up at most
-and about 8.3 bytes of kernel memory a slot (136 KB for the default 10,000
-connections; not in the process's RSS).
+and 8 bytes of kernel memory a slot and a little for its bitmaps, the slots rounded
+up to a power of two (the default 10,000 connections and 256: 16,384 slots, about
+136 KB; not in the process's RSS).
 
 What it must not do: know any protocol, or import the broker's core.
 """
@@ -31,7 +34,7 @@ __all__ = ["HEADROOM", "grow_descriptor_table"]
 #: files, the log, pipes to helper processes.
 HEADROOM = 256
 
-#: The table's slots the kernel starts a process with (``NR_OPEN_DEFAULT``)
+#: The table's slots the kernel starts a process with (``NR_OPEN_DEFAULT``, 64-bit)
 _INITIAL = 64
 
 
@@ -59,9 +62,8 @@ def grow_descriptor_table(connections: int) -> int:
         return 0
     try:
         os.close(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, want - 1))
-    except OSError:
+    except (OSError, OverflowError):   # (OverflowError: no C int holds it)
         return 0
     finally:
         os.close(fd)
     return want
-

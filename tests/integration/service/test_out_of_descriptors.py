@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import resource
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -17,29 +19,55 @@ def _fdsize(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("FDSize:"))
 
 
+@contextmanager
+def _soft_limit_raised(to: int) -> Iterator[int]:
+    """This process's soft descriptor limit raised to ``to`` (at most the hard one),
+    for the processes it starts meanwhile; yields the limit they get."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < to:
+        pytest.skip(f"a hard descriptor limit of {hard} leaves nothing to tell apart")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, to), hard))
+    try:
+        yield max(soft, to)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_the_descriptor_table_is_grown_at_start_for_max_connections(tmp_path: Any) -> None:
-    """The broker grows its descriptor table once at start (``net.fdtable``): a table
-    that doubles under load makes each ``accept`` that needs a bigger one wait for an
-    RCU grace period, the reactor stopped.  Before, a broker that had just started
-    had the few hundred slots its own files needed."""
+    """The broker grows its descriptor table once at start (``net.fdtable``), for
+    --max-connections of MQTT and of AMQP (counted apart): a table that doubles under
+    load makes each ``accept`` that needs a bigger one wait for an RCU grace period,
+    the reactor stopped.  Before, a broker that had just started had the few hundred
+    slots its own files needed; so has one that asks for fewer than it holds."""
     from brokerproc import BrokerProcess
 
     from mqttamqp.net.fdtable import HEADROOM
 
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft != resource.RLIM_INFINITY and soft < 2048:
-        pytest.skip(f"a descriptor limit of {soft} leaves nothing to tell apart")
-    want = 3000 + HEADROOM
-    if soft != resource.RLIM_INFINITY:
-        want = min(want, soft)
-    broker = BrokerProcess(str(tmp_path / "data"), "--no-archive", "--max-connections",
-                           "3000")
-    broker.start()
+    with _soft_limit_raised(8192):
+        broker = BrokerProcess(str(tmp_path / "data"), "--no-archive", "--max-connections",
+                               "3000", listeners=("--mqtt", "--amqp"))
+        broker.start()
     try:
         assert broker.proc is not None
-        assert _fdsize(broker.proc.pid) >= want
+        assert _fdsize(broker.proc.pid) >= 2 * 3000 + HEADROOM
     finally:
         broker.stop()
+
+
+def test_a_gateway_grows_its_descriptor_table_at_start(tmp_path: Any) -> None:
+    """A gateway (``--upstream``) too: its clients are its descriptors, one each."""
+    from gateway_proc import start_gateway
+
+    from mqttamqp.net.fdtable import HEADROOM
+
+    with _soft_limit_raised(8192):
+        gateway = start_gateway(tmp_path, "amqp://127.0.0.1:9", "--max-connections", "3000",
+                                wait_open=False)
+    try:
+        assert gateway.proc is not None
+        assert _fdsize(gateway.proc.pid) >= 3000 + HEADROOM
+    finally:
+        gateway.stop()
 
 
 def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
