@@ -4,11 +4,11 @@ will need: ``grow_descriptor_table``.
 Linux keeps a process's open files in one table that starts with 64 slots (on a
 64-bit machine) and grows, when a new descriptor does not fit, to the next power of
 two that holds it (``expand_files`` in ``fs/file.c``): opened one at a time,
-descriptors double it again and again.  In a
-process with more than one thread sharing the table (the broker has its ZODB
-writer and the reactor's pool) each doubling waits for an RCU grace period
-(``expand_fdtable``'s ``synchronize_rcu``) inside the system call that needed the
-slot: for a broker, the ``accept`` of a new client, with the reactor stopped.
+descriptors double it again and again.  In a process with more than one thread
+sharing the table (the broker has its ZODB writer and the reactor's pool) each
+doubling waits for an RCU grace period (``expand_fdtable``'s ``synchronize_rcu``)
+inside the system call that needed the slot: for a broker, the ``accept`` of a new
+client, with the reactor stopped.
 Measured here (``perf sched``, 2026-12-01, kernel 6.18): 7 to 13 ms each time, six
 times between the 256 slots a started broker has and 16,384 (9,000 clients
 connecting: 65 ms of a 330 ms connect storm), while the clients waited for their

@@ -38,7 +38,7 @@ def test_the_descriptor_table_is_grown_at_start_for_max_connections(tmp_path: An
     --max-connections of MQTT and of AMQP (counted apart): a table that doubles under
     load makes each ``accept`` that needs a bigger one wait for an RCU grace period,
     the reactor stopped.  Before, a broker that had just started had the few hundred
-    slots its own files needed; so has one that asks for fewer than it holds."""
+    slots its own files needed."""
     from brokerproc import BrokerProcess
 
     from mqttamqp.net.fdtable import HEADROOM
