@@ -931,8 +931,8 @@ def role_sysmon(a):
     topics = a["topics"]
     gap_ns = int(a.get("burst_gap_s", 0.1) * 1e9)
     marker = a.get("burst_marker")
-    s, parser, extra = mqtt_open(a["host"], a["port"], "%s-0" % a["client_prefix"],
-                                 subs=[(t, 0) for t in [*topics.values(), *([marker] if marker else [])]])
+    subs = [(t, 0) for t in topics.values()] + ([(marker, 0)] if marker else [])
+    s, parser, extra = mqtt_open(a["host"], a["port"], "%s-0" % a["client_prefix"], subs=subs)
     sampler = SysSampler(topics, mono_ns(), a.get("sent_from", "message"),
                          burst_marker=marker)
     last_ns = mono_ns()
