@@ -29,6 +29,21 @@ class MalformedPacket(Exception):
         self.in_connect5 = False
         self.limit = limit
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # (the compiled build keeps the fields in the native object, where
+        # Exception's own reduce, which rebuilds from ``args`` and ``__dict__``,
+        # does not see them)
+        return _rebuilt, (type(self), self.reason, self.code, self.limit, self.in_connect5)
+
+
+def _rebuilt(cls: type[MalformedPacket], reason: str, code: int, limit: str | None,
+             in_connect5: bool) -> MalformedPacket:
+    """A pickled ``MalformedPacket`` loaded again (``__reduce__``)."""
+    error = cls(reason, code, limit)
+    error.in_connect5 = in_connect5
+    return error
+
+
 def read_string(buf: Buffer, p: int, end: int, strict: bool, what: str) -> tuple[str, int]:
     if p + 2 > end:
         raise MalformedPacket(f"{what}: length prefix runs past packet end")

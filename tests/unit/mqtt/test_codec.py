@@ -4,6 +4,7 @@ one test per validation rule."""
 from __future__ import annotations
 
 import functools
+import pickle
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -864,3 +865,17 @@ def test_known_wire_bytes() -> None:
     assert encode(Pingreq()) == b"\xc0\x00"
     assert encode(Pingresp()) == b"\xd0\x00"
     assert encode(Disconnect()) == b"\xe0\x00"
+
+
+def test_malformed_packet_survives_pickling_with_every_field():
+    """A ``MalformedPacket`` pickled and loaded again (a worker process's error, a
+    Failure kept) keeps its reason, code, limit and CONNECT flag. In the compiled
+    build the fields live in the native object, not in ``__dict__``: Exception's own
+    reduce rebuilt it from its message alone, with code 0x81 and no limit."""
+    error = MalformedPacket("too big", 0x97, limit="user_property_pairs")
+    error.in_connect5 = True
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is MalformedPacket
+    assert (again.reason, again.code, again.limit, again.in_connect5) == (
+        "too big", 0x97, "user_property_pairs", True)
+    assert again.args == ("too big",)
