@@ -50,6 +50,45 @@ def proc_cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def proc_threads(pid):
+    """Each thread of the process: {tid: [user s, system s, voluntary switches,
+    involuntary switches]} (``/proc/PID/task``; a thread that ends meanwhile is
+    left out)."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                stat = f.read()
+            with open("/proc/%d/task/%s/status" % (pid, tid)) as f:
+                status = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        switches = dict(re.findall(r"^(\w*voluntary_ctxt_switches):\s+(\d+)", status, re.M))
+        out[int(tid)] = [int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK,
+                         int(switches["voluntary_ctxt_switches"]),
+                         int(switches["nonvoluntary_ctxt_switches"])]
+    return out
+
+
+def threads_per_unit(pid, before, after, n):
+    """The main thread's (the reactor's, for mqttamqp) and the other threads' user
+    and system CPU (µs) and context switches per unit (message) between two
+    ``proc_threads`` of process ``pid``."""
+    res = {}
+    for tid, row in after.items():
+        b = before.get(tid, [0.0, 0.0, 0, 0])
+        part = res.setdefault("main" if tid == pid else "other threads",
+                              {"user_us": 0.0, "sys_us": 0.0, "voluntary_switches": 0.0,
+                               "involuntary_switches": 0.0})
+        part["user_us"] += (row[0] - b[0]) * 1e6 / n
+        part["sys_us"] += (row[1] - b[1]) * 1e6 / n
+        part["voluntary_switches"] += (row[2] - b[2]) / n
+        part["involuntary_switches"] += (row[3] - b[3]) / n
+    return {name: {k: round(v, 4 if k.endswith("switches") else 2) for k, v in part.items()}
+            for name, part in res.items()}
+
+
 def proc_status(pid):
     out = {}
     with open("/proc/%d/status" % pid) as f:

@@ -508,6 +508,7 @@ def run_latency(broker, cfg, tag):
         workers.append(pw)
         pw.expect("READY", 60)
         cpu0 = broker.cpu_s()
+        threads0 = brokers.proc_threads(broker.pid)
         sys0 = system_busy_s()
         pw.send("GO")
         grace = max(0.0, deadline - time.monotonic()) + 20
@@ -522,6 +523,7 @@ def run_latency(broker, cfg, tag):
             sres = {"error": str(e), "timed_out": True, "received": 0}
         alive = broker.alive()
         cpu = (broker.cpu_s() - cpu0) if alive else None
+        threads = brokers.proc_threads(broker.pid) if alive else None
         sys1 = system_busy_s()
         lat = sres.get("latency_from_send") or {}
         received = sres.get("received", 0) or 0
@@ -541,6 +543,9 @@ def run_latency(broker, cfg, tag):
             "publisher_late_releases": pres.get("late_releases"),
             "broker_cpu_s": cpu,
             "broker_cpu_us_per_msg": (cpu * 1e6 / received) if (cpu is not None and received) else None,
+            # (the main thread: mqttamqp's reactor, Mosquitto's only one)
+            "broker_threads_per_msg": (brokers.threads_per_unit(broker.pid, threads0, threads, received)
+                                       if (threads is not None and received) else None),
             "machine_busy_cpu_s": sys1 - sys0,
             "other_cpu_s_est": other_cpu(sys1 - sys0, cpu, sres, pres),
             "subscriber": {k: v for k, v in sres.items() if not k.startswith("latency")},
