@@ -425,12 +425,14 @@ def run_idle(sc, broker, cfg, tag):
         broker.settle(max_s=5)
         st0 = broker.status()
         cpu0 = broker.cpu_s()
+        threads0 = brokers.proc_threads(broker.pid)
         sys0 = system_busy_s()
         for wk in wks:
             wk.send("GO")
         infos = [wk.expect("CONNECTED", cfg["timeout"] + 30) for wk in wks]
         sys1 = system_busy_s()
         cpu_conn = broker.cpu_s() - cpu0 if broker.alive() else None
+        threads_conn = brokers.proc_threads(broker.pid) if cpu_conn is not None else None
         settled = broker.settle(max_s=10)
         time.sleep(0.5)  # let the allocator settle before the reading (not an event wait)
         alive = broker.alive()
@@ -467,6 +469,10 @@ def run_idle(sc, broker, cfg, tag):
             "broker_peak_rss_kib": st1.get("VmHWM"),
             "broker_cpu_s_connecting": (cpu1 - cpu0) if cpu1 is not None else None,
             "broker_cpu_us_per_conn": ((cpu1 - cpu0) * 1e6 / connected) if (cpu1 is not None and connected) else None,
+            # (from GO to the last CONNACK: the main thread is mqttamqp's reactor)
+            "broker_threads_per_conn_connecting": (
+                brokers.threads_per_unit(broker.pid, threads0, threads_conn, connected)
+                if (threads_conn is not None and connected) else None),
             "broker_settled": settled,
             "broker_nofile": brokers.proc_nofile(broker.pid) if alive else None,
             "loadgen_nofile": [r.get("nofile") for r in ready],
