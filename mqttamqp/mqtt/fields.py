@@ -9,6 +9,8 @@ decisions (those are ``connection``'s and ``decisions``').
 
 from __future__ import annotations
 
+from typing import Any
+
 Buffer = bytes | bytearray
 
 
@@ -29,19 +31,12 @@ class MalformedPacket(Exception):
         self.in_connect5 = False
         self.limit = limit
 
-    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        # (the compiled build keeps the fields in the native object, where
-        # Exception's own reduce, which rebuilds from ``args`` and ``__dict__``,
-        # does not see them)
-        return _rebuilt, (type(self), self.reason, self.code, self.limit, self.in_connect5)
-
-
-def _rebuilt(cls: type[MalformedPacket], reason: str, code: int, limit: str | None,
-             in_connect5: bool) -> MalformedPacket:
-    """A pickled ``MalformedPacket`` loaded again (``__reduce__``)."""
-    error = cls(reason, code, limit)
-    error.in_connect5 = in_connect5
-    return error
+    def __reduce__(self) -> tuple[type[MalformedPacket], tuple[str, int, str | None],
+                                  dict[str, Any]]:
+        # (``BaseException.__reduce__`` hands over the C struct's own dict, which a
+        # mypyc-compiled class does not use: its fields and any other attribute,
+        # ``__notes__`` too, are in the instance dict that ``vars`` reads)
+        return type(self), (self.reason, self.code, self.limit), dict(vars(self))
 
 
 def read_string(buf: Buffer, p: int, end: int, strict: bool, what: str) -> tuple[str, int]:

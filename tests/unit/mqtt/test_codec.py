@@ -867,15 +867,17 @@ def test_known_wire_bytes() -> None:
     assert encode(Disconnect()) == b"\xe0\x00"
 
 
-def test_malformed_packet_survives_pickling_with_every_field():
+def test_malformed_packet_survives_pickling_with_every_field() -> None:
     """A ``MalformedPacket`` pickled and loaded again (a worker process's error, a
-    Failure kept) keeps its reason, code, limit and CONNECT flag. In the compiled
-    build the fields live in the native object, not in ``__dict__``: Exception's own
-    reduce rebuilt it from its message alone, with code 0x81 and no limit."""
+    Failure kept) keeps its reason, code, limit, CONNECT flag and notes. In the
+    compiled build Exception's own reduce rebuilt it from its message alone, with code
+    0x81 and no limit (it hands over the C struct's dict, which mypyc does not use)."""
     error = MalformedPacket("too big", 0x97, limit="user_property_pairs")
     error.in_connect5 = True
+    error.add_note("read from 127.0.0.1:50000")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is MalformedPacket
     assert (again.reason, again.code, again.limit, again.in_connect5) == (
         "too big", 0x97, "user_property_pairs", True)
     assert again.args == ("too big",)
+    assert again.__notes__ == ["read from 127.0.0.1:50000"]
