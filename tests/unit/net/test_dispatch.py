@@ -7,15 +7,17 @@ Reactors are built and closed here, never run; the descriptors are a socket pair
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from loglines import LogLines
 from twisted.internet import tcp
-from twisted.internet.epollreactor import EPollReactor
+from twisted.internet.epollreactor import EPOLLIN, EPOLLOUT, EPollReactor
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
@@ -695,3 +697,118 @@ def test_a_tls_connection_takes_the_shortcut_and_its_bytes_arrive(tmp_path: Any)
         reactor.removeAll()
         reactor.waker.connectionLost(None)
         reactor._poller.close()
+
+
+# -- add_reader: a connection a lean port accepted, registered for reading -----------
+
+
+class _Selectable:
+    """The least a reactor asks of a reader: its descriptor."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def doRead(self) -> None:   # (never called: no reactor here runs)
+        raise AssertionError("not run")
+
+    doWrite = doRead
+
+    def connectionLost(self, reason: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def lean_and_twisted() -> Iterator[tuple[EPollReactor, EPollReactor]]:
+    """Two epoll reactors, never run: one with the lean dispatch (whose ``add_reader``
+    a lean port's accept loop calls), one as Twisted has it."""
+    pair = (EPollReactor(), EPollReactor())
+    assert lean_dispatch(pair[0]) and callable(pair[0]._lean_add_reader)
+    try:
+        yield pair
+    finally:
+        for r in pair:
+            r.removeAll()
+            r.waker.connectionLost(None)
+            r._poller.close()
+
+
+def _held(reactor: Any, selectable: _Selectable) -> tuple[bool, bool, bool, bool]:
+    """What ``reactor`` holds of ``selectable``'s descriptor: in its read set, in its
+    write set, its selectable, polled continuously."""
+    fd = selectable.fileno()
+    return (fd in reactor._reads, fd in reactor._writes,
+            reactor._selectables.get(fd) is selectable,
+            selectable in reactor._continuousPolling._readers)
+
+
+def test_add_reader_polls_a_descriptor_epoll_refuses_continuously(
+        lean_and_twisted: tuple[EPollReactor, EPollReactor], tmp_path: Path) -> None:
+    """A regular file: epoll answers ``EPERM``; both reactors poll it instead (the
+    lean one does not raise)."""
+    lean, twisted = lean_and_twisted
+    path = tmp_path / "plain"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        ours, theirs = _Selectable(fd), _Selectable(fd)
+        lean._lean_add_reader(ours, fd)
+        twisted.addReader(theirs)
+        assert _held(lean, ours) == _held(twisted, theirs) == (False, False, False, True)
+    finally:
+        lean.removeAll()
+        twisted.removeAll()
+        os.close(fd)
+
+
+def test_add_reader_modifies_a_descriptor_already_written_to_read_and_write(
+        lean_and_twisted: tuple[EPollReactor, EPollReactor]) -> None:
+    """A writer's descriptor is in epoll already: ``modify``, not a second
+    ``register`` (which epoll refuses with ``EEXIST``); epoll then reports it both
+    readable and writable."""
+    lean, twisted = lean_and_twisted
+    a, b = _pair()
+    c, d = _pair()
+    try:
+        ours, theirs = _Selectable(a.fileno()), _Selectable(c.fileno())
+        lean.addWriter(ours)
+        twisted.addWriter(theirs)
+        lean._lean_add_reader(ours, a.fileno())
+        twisted.addReader(theirs)
+        assert _held(lean, ours) == _held(twisted, theirs) == (True, True, True, False)
+        b.send(b"ready")
+        d.send(b"ready")
+        for reactor, sock in ((lean, a), (twisted, c)):
+            events = dict(reactor._poller.poll(1, 4))
+            assert events.get(sock.fileno(), 0) & EPOLLIN
+            assert events[sock.fileno()] & EPOLLOUT
+    finally:
+        lean.removeAll()   # (before the sockets close: epoll forgets them first)
+        twisted.removeAll()
+        for sock in (a, b, c, d):
+            sock.close()
+
+
+def test_add_reader_leaves_a_descriptor_already_read_as_it_is(
+        lean_and_twisted: tuple[EPollReactor, EPollReactor]) -> None:
+    """Registered again with another reader: nothing happens (no ``EEXIST`` out of
+    epoll, no continuous polling), and the first reader stays the descriptor's."""
+    lean, twisted = lean_and_twisted
+    a, b = _pair()
+    c, d = _pair()
+    try:
+        ours, theirs = _Selectable(a.fileno()), _Selectable(c.fileno())
+        lean._lean_add_reader(ours, a.fileno())
+        twisted.addReader(theirs)
+        lean._lean_add_reader(_Selectable(a.fileno()), a.fileno())
+        twisted.addReader(_Selectable(c.fileno()))
+        assert _held(lean, ours) == _held(twisted, theirs) == (True, False, True, False)
+        assert not lean._continuousPolling._readers
+        assert not twisted._continuousPolling._readers
+    finally:
+        lean.removeAll()   # (before the sockets close: epoll forgets them first)
+        twisted.removeAll()
+        for sock in (a, b, c, d):
+            sock.close()
