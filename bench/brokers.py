@@ -50,12 +50,23 @@ def proc_cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+#: What ``proc_threads`` reads of a thread (its counters are summed by ``threads_per_unit``)
+THREAD_COUNTERS = ("user_s", "sys_s", "voluntary", "involuntary")
+
+
 def proc_threads(pid):
-    """Each thread of the process: {tid: [user s, system s, voluntary switches,
-    involuntary switches]} (``/proc/PID/task``; a thread that ends meanwhile is
-    left out)."""
+    """Each thread of the process, by ``(tid, start)`` (a thread id the kernel reuses
+    is a new key: ``start`` is the thread's start time in clock ticks):
+    ``{"name"`` (its ``comm``), ``"user_s"``, ``"sys_s"`` (CPU seconds, in clock
+    ticks), ``"voluntary"``, ``"involuntary"`` (context switches)``}``, from
+    ``/proc/PID/task``. A thread that ends meanwhile is left out; a process that is
+    gone has none."""
     out = {}
-    for tid in os.listdir("/proc/%d/task" % pid):
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for tid in tids:
         try:
             with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
                 stat = f.read()
@@ -65,28 +76,39 @@ def proc_threads(pid):
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         switches = dict(re.findall(r"^(\w*voluntary_ctxt_switches):\s+(\d+)", status, re.M))
-        out[int(tid)] = [int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK,
-                         int(switches["voluntary_ctxt_switches"]),
-                         int(switches["nonvoluntary_ctxt_switches"])]
+        # (fields[0] is stat's field 3: utime 14, stime 15, starttime 22)
+        out[(int(tid), int(fields[19]))] = {
+            "name": stat[stat.index("(") + 1:stat.rindex(")")],
+            "user_s": int(fields[11]) / CLK_TCK, "sys_s": int(fields[12]) / CLK_TCK,
+            "voluntary": int(switches["voluntary_ctxt_switches"]),
+            "involuntary": int(switches["nonvoluntary_ctxt_switches"])}
     return out
 
 
-def threads_per_unit(pid, before, after, n):
+def threads_per_unit(pid, before, after, n, process_cpu_s=None):
     """The main thread's (the reactor's, for mqttamqp) and the other threads' user
-    and system CPU (µs) and context switches per unit (message) between two
-    ``proc_threads`` of process ``pid``."""
+    and system CPU (µs) and context switches per unit (message, connection) between
+    two ``proc_threads`` of process ``pid`` (a thread started meanwhile counts from
+    0). With ``process_cpu_s`` (the process's CPU over the same interval, all threads)
+    also ``unattributed_cpu_us``: what the threads that ended meanwhile took, and the
+    clock ticks' rounding. Resolution: one clock tick (10 ms) over ``n``."""
     res = {}
-    for tid, row in after.items():
-        b = before.get(tid, [0.0, 0.0, 0, 0])
-        part = res.setdefault("main" if tid == pid else "other threads",
+    for key, row in after.items():
+        b = before.get(key)
+        part = res.setdefault("main" if key[0] == pid else "other_threads",
                               {"user_us": 0.0, "sys_us": 0.0, "voluntary_switches": 0.0,
                                "involuntary_switches": 0.0})
-        part["user_us"] += (row[0] - b[0]) * 1e6 / n
-        part["sys_us"] += (row[1] - b[1]) * 1e6 / n
-        part["voluntary_switches"] += (row[2] - b[2]) / n
-        part["involuntary_switches"] += (row[3] - b[3]) / n
-    return {name: {k: round(v, 4 if k.endswith("switches") else 2) for k, v in part.items()}
-            for name, part in res.items()}
+        delta = {c: row[c] - (b[c] if b else 0) for c in THREAD_COUNTERS}
+        part["user_us"] += delta["user_s"] * 1e6 / n
+        part["sys_us"] += delta["sys_s"] * 1e6 / n
+        part["voluntary_switches"] += delta["voluntary"] / n
+        part["involuntary_switches"] += delta["involuntary"] / n
+    out = {name: {k: round(v, 4 if k.endswith("switches") else 2) for k, v in part.items()}
+           for name, part in res.items()}
+    if process_cpu_s is not None:
+        threads = sum(p["user_us"] + p["sys_us"] for p in res.values())
+        out["unattributed_cpu_us"] = round(process_cpu_s * 1e6 / n - threads, 2)
+    return out
 
 
 def proc_status(pid):
@@ -169,6 +191,22 @@ def mqttamqp_help(timeout=60):
             return True, text, extra
         last = text[-2000:]
     return False, last, {}
+
+
+def mqttamqp_build(env_extra=None, timeout=60):
+    """Which build of mqttamqp a broker started from here runs ("compiled" or "pure
+    Python", as its start-up line says; ``mqttamqp.native.build``), or None. Asked
+    of this interpreter with this environment (and ``env_extra``), from ``/`` so that
+    no checkout in the current directory is imported instead."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    try:
+        r = subprocess.run([sys.executable, "-c",
+                            "from mqttamqp.native import build; print(build())"],
+                           capture_output=True, text=True, timeout=timeout, cwd="/", env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (r.stdout.strip() or None) if r.returncode == 0 else None
 
 
 def help_options(text):

@@ -33,23 +33,13 @@ sys.path.insert(0, HERE)
 import brokers  # noqa: E402
 import run  # noqa: E402
 
-CLK = os.sysconf("SC_CLK_TCK")
 
-
-def thread_cpu(pid, which=(11, 12)):
-    """{tid: cpu seconds} of every thread of ``pid`` (``which``: the fields summed,
-    (11,) user time only, (12,) system time only)."""
-    out = {}
-    base = f"/proc/{pid}/task"
-    for tid in os.listdir(base):
-        try:
-            with open(f"{base}/{tid}/stat") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(")") + 2:].split()
-        out[int(tid)] = sum(int(fields[i]) for i in which) / CLK
-    return out
+def thread_cpu(pid, which=("user_s", "sys_s")):
+    """{tid: cpu seconds} of every thread of ``pid`` (``which``: the counters of
+    ``brokers.proc_threads`` summed: ("user_s",) user time only, ("sys_s",) system
+    time only)."""
+    return {tid: sum(row[c] for c in which)
+            for (tid, _), row in brokers.proc_threads(pid).items()}
 
 
 def commits_in(path):
@@ -80,14 +70,14 @@ def one_run(label, args, help_text, env_extra, rep):
     try:
         pid = b.pid
         before = thread_cpu(pid)
-        sys0 = thread_cpu(pid, (12,))
+        sys0 = thread_cpu(pid, ("sys_s",))
         fs0 = None
         if kind == "mqttamqp":
             fs = os.path.join(b.tmp, "data", "mqttamqp.fs")
             fs0 = commits_in(fs) if os.path.exists(fs) else (0, 0)
         res = run.run_throughput(2, b, cfg, f"{label}-p{rep}")
         after = thread_cpu(pid)
-        sys1 = thread_cpu(pid, (12,))
+        sys1 = thread_cpu(pid, ("sys_s",))
         b.stop()
         threads = {tid: round(after.get(tid, 0) - before.get(tid, 0), 3) for tid in after}
         n = res.get("delivered") or 0

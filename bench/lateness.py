@@ -49,7 +49,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -98,25 +97,14 @@ def thread_stats() -> dict[str, list[float]]:
     each thread of this process, by thread name (Python's names by native id; threads
     of one name are summed)."""
     import threading
+
+    import brokers
     names = {t.native_id: t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, list[float]] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/self/task/{tid}/status") as f:
-                status = f.read()
-        except OSError:   # (the thread ended meanwhile)
-            continue
-        name = names.get(int(tid)) or stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        switches = dict(re.findall(r"^(\w*voluntary_ctxt_switches):\s+(\d+)", status, re.M))
-        row = out.setdefault(name, [0.0, 0.0, 0, 0])
-        row[0] += int(fields[11]) / tick
-        row[1] += int(fields[12]) / tick
-        row[2] += int(switches["voluntary_ctxt_switches"])
-        row[3] += int(switches["nonvoluntary_ctxt_switches"])
+    for (tid, _), row in brokers.proc_threads(os.getpid()).items():
+        summed = out.setdefault(names.get(tid) or row["name"], [0.0, 0.0, 0, 0])
+        for i, counter in enumerate(brokers.THREAD_COUNTERS):
+            summed[i] += row[counter]
     return out
 
 

@@ -50,32 +50,6 @@ SYSCALLS = ("epoll_wait", "epoll_pwait", "epoll_ctl", "read", "recvfrom", "recvm
             "timerfd_settime", "getsockopt", "setsockopt", "ioctl", "rt_sigprocmask")
 
 
-def thread_switches(pid: int) -> dict[str, dict[str, int]]:
-    """Per thread of ``pid``: its name and context switches so far."""
-    out: dict[str, dict[str, int]] = {}
-    base = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"{base}/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"{base}/{tid}/status") as f:
-                status = f.read()
-        except OSError:
-            continue
-        row = {"name": name, "voluntary": 0, "nonvoluntary": 0}
-        for line in status.splitlines():
-            if line.startswith("voluntary_ctxt_switches:"):
-                row["voluntary"] = int(line.split()[1])
-            elif line.startswith("nonvoluntary_ctxt_switches:"):
-                row["nonvoluntary"] = int(line.split()[1])
-        out[tid] = row
-    return out
-
-
 def parse_perf(text: str) -> dict[str, dict[str, int]]:
     """``perf stat -x, --per-thread`` lines → {thread: {event: count}}."""
     table: dict[str, dict[str, int]] = {}
@@ -146,7 +120,7 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
         # when it starts and ends on a pipe, and the subscriber is asked then what it
         # has received (``MARK``: its answer comes within a millisecond or so).
         edge_r, edge_w = os.pipe()
-        before = thread_switches(broker.pid)
+        before = brokers.proc_threads(broker.pid)
         perf = subprocess.Popen(
             ["perf", "stat", "-x,", "--per-thread", "-e", events, "-p", str(broker.pid),
              "--", "sh", "-c", f"echo >&{edge_w}; sleep {measured}; echo >&{edge_w}"],
@@ -168,7 +142,7 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
             if perf.poll() is None:
                 perf.kill()
                 perf.wait(10)
-        after = thread_switches(broker.pid)
+        after = brokers.proc_threads(broker.pid)
         sres = sub.expect("RESULT", args.seconds + 40)
         pub.expect("RESULT", 30)
         if marks[0] is None:
@@ -185,13 +159,13 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
                      for ev, c in sorted(evs.items(), key=lambda kv: -kv[1])}
             for thread, evs in per_thread.items()}
         res["switches_per_msg"] = {
-            f"{row['name']}-{tid}": {
-                "voluntary": round((row["voluntary"] - before[tid]["voluntary"]) / counted, 3),
+            f"{row['name']}-{key[0]}": {
+                "voluntary": round((row["voluntary"] - before[key]["voluntary"]) / counted, 3),
                 "nonvoluntary": round(
-                    (row["nonvoluntary"] - before[tid]["nonvoluntary"]) / counted, 3)}
-            for tid, row in after.items() if tid in before
-            and (row["voluntary"] != before[tid]["voluntary"]
-                 or row["nonvoluntary"] != before[tid]["nonvoluntary"])}
+                    (row["involuntary"] - before[key]["involuntary"]) / counted, 3)}
+            for key, row in after.items() if key in before
+            and (row["voluntary"] != before[key]["voluntary"]
+                 or row["involuntary"] != before[key]["involuntary"])}
         lat = sres.get("latency_from_send") or {}
         res.update({"delivered": sres.get("received"), "p50_ms": lat.get("p50_ms"),
                     "p99_ms": lat.get("p99_ms"), "measured_s": measured,

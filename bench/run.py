@@ -471,7 +471,7 @@ def run_idle(sc, broker, cfg, tag):
             "broker_cpu_us_per_conn": ((cpu1 - cpu0) * 1e6 / connected) if (cpu1 is not None and connected) else None,
             # (from GO to the last CONNACK: the main thread is mqttamqp's reactor)
             "broker_threads_per_conn_connecting": (
-                brokers.threads_per_unit(broker.pid, threads0, threads_conn, connected)
+                brokers.threads_per_unit(broker.pid, threads0, threads_conn, connected, cpu_conn)
                 if (threads_conn is not None and connected) else None),
             "broker_settled": settled,
             "broker_nofile": brokers.proc_nofile(broker.pid) if alive else None,
@@ -550,8 +550,9 @@ def run_latency(broker, cfg, tag):
             "broker_cpu_s": cpu,
             "broker_cpu_us_per_msg": (cpu * 1e6 / received) if (cpu is not None and received) else None,
             # (the main thread: mqttamqp's reactor, Mosquitto's only one)
-            "broker_threads_per_msg": (brokers.threads_per_unit(broker.pid, threads0, threads, received)
-                                       if (threads is not None and received) else None),
+            "broker_threads_per_msg": (
+                brokers.threads_per_unit(broker.pid, threads0, threads, received, cpu)
+                if (threads is not None and received) else None),
             "machine_busy_cpu_s": sys1 - sys0,
             "other_cpu_s_est": other_cpu(sys1 - sys0, cpu, sres, pres),
             "subscriber": {k: v for k, v in sres.items() if not k.startswith("latency")},
@@ -752,6 +753,8 @@ def machine_facts():
         "python_executable": sys.executable,
         "twisted": tv,
         "mosquitto_version": brokers.mosquitto_version(),
+        # (what the broker imports: a compiled copy first on PYTHONPATH, or not)
+        "pythonpath": os.environ.get("PYTHONPATH"),
         "loadavg_at_start": list(os.getloadavg()),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -865,7 +868,8 @@ def main():
         else:
             result["brokers"]["mqttamqp"] = {
                 "available": True, "options_listed": brokers.help_options(help_text),
-                "env_extra": env_extra, "twistd": brokers.twistd_bin()}
+                "env_extra": env_extra, "twistd": brokers.twistd_bin(),
+                "build": brokers.mqttamqp_build(env_extra)}
     if "mosquitto" in labels or args.fake_mqttamqp:
         if not brokers.mosquitto_bin():
             log("mosquitto not installed (apt-get install -y mosquitto mosquitto-clients)")
