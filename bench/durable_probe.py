@@ -4,15 +4,20 @@ persistent subscriber, window 100) against one mqttamqp broker per run, with the
 broker's CPU split by thread and the commits counted afterwards (issue 31, section 1).
 
     python bench/durable_probe.py [--runs 3] [--count 50000] [--window 100] [--mosquitto]
-                                  [--baseline DIR] [--mqttamqp-arg ARG ...] [--out FILE]
+                                  [--engine file|sqlite|postgresql] [--baseline DIR]
+                                  [--mqttamqp-arg ARG ...] [--out FILE]
 
 Per run: messages/s as ``run.py`` counts them; the broker's CPU per message (utime +
 stime from ``/proc``), split into the reactor (the main thread, whose id is the
 process id) and every other thread (the ZODB writer, the archive's feeding thread,
 the queue reader, the thread pool: the thread ids and their CPU are listed); the
 store's transactions and records after the run (the broker is stopped, then its
-FileStorage file is iterated read-only; with another ``--storage`` only the CPU): messages per commit and records written per
-message (a put an acknowledgement cancels in the same commit is never written).
+FileStorage file is iterated read-only; with another storage only the CPU): messages
+per commit and records written per message (a put an acknowledgement cancels in the
+same commit is never written).  ``--engine`` picks the storage of every mqttamqp run:
+``file`` (the default FileStorage), ``sqlite`` (RelStorage on SQLite in the broker's
+data directory) or ``postgresql`` (RelStorage on a throw-away local PostgreSQL cluster,
+``tests/support/pgcluster.py``, a fresh database a run, stopped at the end).
 With ``--mosquitto`` a Mosquitto run alternates with every mqttamqp run (same
 load; its CPU per message beside ours); with ``--baseline DIR`` so does a broker of
 another checkout (``git worktree add DIR REV``; its ``mqttamqp`` is put first on the
@@ -57,14 +62,16 @@ def commits_in(path):
     return txns, records
 
 
-def one_run(label, args, help_text, env_extra, rep):
+def one_run(label, args, help_text, env_extra, rep, storage=()):
+    """One run of ``label``'s broker; ``storage``: its ``--storage`` arguments (mqttamqp)."""
     kind = "mosquitto" if label == "mosquitto" else "mqttamqp"
     if label == "baseline":
         env_extra = dict(env_extra, PYTHONPATH=os.path.abspath(args.baseline))
     cfg = {"counts": {2: args.count}, "timeout": args.timeout, "idle_s": 5.0,
            "window": args.window, "rx_nap_s": 0.0}
+    extra = [*storage, *args.mqttamqp_arg] if kind == "mqttamqp" else args.mqttamqp_arg
     b = brokers.Broker(kind, label=label, mqttamqp_help_text=help_text,
-                       mqttamqp_env=env_extra, extra_args=args.mqttamqp_arg,
+                       mqttamqp_env=env_extra, extra_args=extra,
                        want_inflight=True)
     b.start()
     try:
@@ -117,6 +124,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--mosquitto", action="store_true")
     ap.add_argument("--baseline", metavar="DIR")
+    ap.add_argument("--engine", choices=("file", "sqlite", "postgresql"), default="file",
+                    help="the storage of every mqttamqp run (module docstring)")
     ap.add_argument("--mqttamqp-arg", action="append", default=[])
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -127,13 +136,29 @@ def main():
     kinds = (["mqttamqp"] + (["baseline"] if args.baseline else [])
              + (["mosquitto"] if args.mosquitto else []))
     runs = {k: [] for k in kinds}
-    for rep in range(args.runs):
-        for kind in kinds:
-            r = one_run(kind, args, help_text, env_extra, rep)
-            runs[kind].append(r)
-            brief = {k: (round(v, 2) if isinstance(v, float) else v)
-                     for k, v in r.items() if k != "threads_cpu_s"}
-            run.log(f"{kind} run {rep}: {json.dumps(brief)}")
+    cluster = None
+    if args.engine == "postgresql":
+        sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
+        from pgcluster import PostgresCluster
+        cluster = PostgresCluster().start()
+    try:
+        for rep in range(args.runs):
+            for kind in kinds:
+                storage: tuple[str, ...] = ()
+                if kind == "mosquitto":
+                    pass
+                elif cluster is not None:
+                    storage = ("--storage", cluster.create_database())
+                elif args.engine == "sqlite":
+                    storage = ("--storage", "sqlite://")
+                r = one_run(kind, args, help_text, env_extra, rep, storage)
+                runs[kind].append(r)
+                brief = {k: (round(v, 2) if isinstance(v, float) else v)
+                         for k, v in r.items() if k != "threads_cpu_s"}
+                run.log(f"{kind} run {rep}: {json.dumps(brief)}")
+    finally:
+        if cluster is not None:
+            cluster.stop()
     summary = {}
     for kind, rs in runs.items():
         summary[kind] = {}
@@ -146,7 +171,7 @@ def main():
                 summary[kind][key] = {"median": statistics.median(vals),
                                       "min": min(vals), "max": max(vals)}
     doc = {"tool": "bench/durable_probe.py", "machine": run.machine_facts(),
-           "baseline": args.baseline,
+           "baseline": args.baseline, "engine": args.engine,
            "count": args.count, "window": args.window, "mqttamqp_args": args.mqttamqp_arg,
            "summary": summary, "runs": runs}
     text = json.dumps(doc, indent=1)
