@@ -62,6 +62,16 @@ def commits_in(path):
     return txns, records
 
 
+def storage_args(engine, cluster):
+    """The ``--storage`` arguments of one mqttamqp run on ``engine`` (``cluster``: the
+    PostgreSQL cluster, for ``postgresql``: a fresh database a run)."""
+    if engine == "postgresql":
+        return ("--storage", cluster.create_database())
+    if engine == "sqlite":
+        return ("--storage", "sqlite://")
+    return ()
+
+
 def one_run(label, args, help_text, env_extra, rep, storage=()):
     """One run of ``label``'s broker; ``storage``: its ``--storage`` arguments (mqttamqp)."""
     kind = "mosquitto" if label == "mosquitto" else "mqttamqp"
@@ -144,13 +154,7 @@ def main():
     try:
         for rep in range(args.runs):
             for kind in kinds:
-                storage: tuple[str, ...] = ()
-                if kind == "mosquitto":
-                    pass
-                elif cluster is not None:
-                    storage = ("--storage", cluster.create_database())
-                elif args.engine == "sqlite":
-                    storage = ("--storage", "sqlite://")
+                storage = () if kind == "mosquitto" else storage_args(args.engine, cluster)
                 r = one_run(kind, args, help_text, env_extra, rep, storage)
                 runs[kind].append(r)
                 brief = {k: (round(v, 2) if isinstance(v, float) else v)
