@@ -19,7 +19,7 @@ same commit is never written).  ``--engine`` picks the storage of every mqttamqp
 data directory) or ``postgresql`` (RelStorage on a throw-away local PostgreSQL cluster,
 ``tests/support/pgcluster.py``, a fresh database a run, stopped at the end).
 With ``--mosquitto`` a Mosquitto run alternates with every mqttamqp run (same
-load; its CPU per message beside ours); with ``--baseline DIR`` so does a broker of
+load; its CPU per message beside mqttamqp's); with ``--baseline DIR`` so does a broker of
 another checkout (``git worktree add DIR REV``; its ``mqttamqp`` is put first on the
 broker's ``PYTHONPATH``, the same interpreter and packages): before and after a
 change, side by side.  Every loop is bounded; brokers are stopped
@@ -30,6 +30,7 @@ within one run of this script.
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 
@@ -37,14 +38,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import brokers  # noqa: E402
 import run  # noqa: E402
-
-
-def thread_cpu(pid, which=("user_s", "sys_s")):
-    """{tid: cpu seconds} of every thread of ``pid`` (``which``: the counters of
-    ``brokers.proc_threads`` summed: ("user_s",) user time only, ("sys_s",) system
-    time only)."""
-    return {tid: sum(row[c] for c in which)
-            for (tid, _), row in brokers.proc_threads(pid).items()}
 
 
 def commits_in(path):
@@ -86,29 +79,30 @@ def one_run(label, args, help_text, env_extra, rep, storage=()):
     b.start()
     try:
         pid = b.pid
-        before = thread_cpu(pid)
-        sys0 = thread_cpu(pid, ("sys_s",))
+        before = brokers.proc_threads(pid)
         fs0 = None
         if kind == "mqttamqp":
             fs = os.path.join(b.tmp, "data", "mqttamqp.fs")
             fs0 = commits_in(fs) if os.path.exists(fs) else (0, 0)
         res = run.run_throughput(2, b, cfg, f"{label}-p{rep}")
-        after = thread_cpu(pid)
-        sys1 = thread_cpu(pid, ("sys_s",))
+        after = brokers.proc_threads(pid)
         b.stop()
-        threads = {tid: round(after.get(tid, 0) - before.get(tid, 0), 3) for tid in after}
+        threads = {}   # (thread id: CPU seconds over the run; a thread matched by id and start)
+        for key, row in after.items():
+            was = before.get(key, {"user_s": 0.0, "sys_s": 0.0})
+            threads[key[0]] = round(row["user_s"] + row["sys_s"] - was["user_s"] - was["sys_s"], 3)
         n = res.get("delivered") or 0
         out = {"broker": label, "msgs_per_s": res.get("value"), "delivered": n,
                "loss": res.get("loss"), "cpu_us_per_msg": res.get("broker_cpu_us_per_msg"),
                "threads_cpu_s": threads, "other_cpu_s_est": res.get("other_cpu_s_est")}
         if n:
-            main = threads.get(pid, 0.0)
-            out["reactor_us_per_msg"] = main * 1e6 / n
-            out["other_threads_us_per_msg"] = (sum(threads.values()) - main) * 1e6 / n
-            system = {tid: sys1.get(tid, 0) - sys0.get(tid, 0) for tid in sys1}
-            out["reactor_system_us_per_msg"] = system.get(pid, 0.0) * 1e6 / n
-            out["other_threads_system_us_per_msg"] = (
-                (sum(system.values()) - system.get(pid, 0.0)) * 1e6 / n)
+            split = brokers.threads_per_unit(pid, before, after, n)
+            main = split.get("main", {"user_us": 0.0, "sys_us": 0.0})
+            other = split.get("other_threads", {"user_us": 0.0, "sys_us": 0.0})
+            out["reactor_us_per_msg"] = main["user_us"] + main["sys_us"]
+            out["other_threads_us_per_msg"] = other["user_us"] + other["sys_us"]
+            out["reactor_system_us_per_msg"] = main["sys_us"]
+            out["other_threads_system_us_per_msg"] = other["sys_us"]
         if kind == "mqttamqp" and os.path.exists(fs):   # (FileStorage only)
             t1, r1 = commits_in(fs)
             t, r = t1 - fs0[0], r1 - fs0[1]
@@ -130,7 +124,8 @@ def main():
     ap.add_argument("--count", type=int, default=50_000)
     ap.add_argument("--window", type=int, default=100,
                     help="the publisher's QoS 1 messages in flight (run.py's scenario 2: "
-                         "100; above the broker's --max-inflight of 32 they queue)")
+                         "100; above the --max-inflight of 100 the bench gives each "
+                         "broker, they queue behind the subscriber's window)")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--mosquitto", action="store_true")
     ap.add_argument("--baseline", metavar="DIR")
@@ -145,13 +140,18 @@ def main():
         sys.exit("twistd mqttamqp --help failed:\n" + help_text[-1500:])
     kinds = (["mqttamqp"] + (["baseline"] if args.baseline else [])
              + (["mosquitto"] if args.mosquitto else []))
+    if args.engine != "file" and any(a.startswith("--storage") for a in args.mqttamqp_arg):
+        ap.error("--engine and --mqttamqp-arg=--storage both choose the storage: give one")
+    signal.signal(signal.SIGTERM, run._on_signal)   # (the cluster and brokers stopped)
     runs = {k: [] for k in kinds}
     cluster = None
     if args.engine == "postgresql":
-        sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
+        sys.path.append(os.path.join(HERE, "..", "tests", "support"))
         from pgcluster import PostgresCluster
-        cluster = PostgresCluster().start()
+        cluster = PostgresCluster()
     try:
+        if cluster is not None:
+            cluster.start()
         for rep in range(args.runs):
             for kind in kinds:
                 storage = () if kind == "mosquitto" else storage_args(args.engine, cluster)
@@ -176,6 +176,7 @@ def main():
                                       "min": min(vals), "max": max(vals)}
     doc = {"tool": "bench/durable_probe.py", "machine": run.machine_facts(),
            "baseline": args.baseline, "engine": args.engine,
+           "build": brokers.mqttamqp_build(env_extra),
            "count": args.count, "window": args.window, "mqttamqp_args": args.mqttamqp_arg,
            "summary": summary, "runs": runs}
     text = json.dumps(doc, indent=1)
