@@ -193,15 +193,29 @@ def mqttamqp_help(timeout=60):
     return False, last, {}
 
 
+def twistd_python():
+    """The interpreter ``twistd_bin()`` runs (its ``#!`` line), else this one."""
+    tw = twistd_bin()
+    try:
+        with open(tw or "", "rb") as f:
+            first = f.readline().decode(errors="replace")
+    except OSError:
+        return sys.executable
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and os.path.isabs(words[0]) and os.path.basename(words[0]) != "env":
+        return words[0]
+    return sys.executable   # (``#!/usr/bin/env python3``: the PATH's, as here)
+
+
 def mqttamqp_build(env_extra=None, timeout=60):
     """Which build of mqttamqp a broker started from here runs ("compiled" or "pure
     Python", as its start-up line says; ``mqttamqp.native.build``), or None. Asked
-    of this interpreter with this environment (and ``env_extra``), from ``/`` so that
-    no checkout in the current directory is imported instead."""
+    of ``twistd``'s interpreter with this environment (and ``env_extra``), from ``/``
+    so that no checkout in the current directory is imported instead."""
     env = dict(os.environ)
     env.update(env_extra or {})
     try:
-        r = subprocess.run([sys.executable, "-c",
+        r = subprocess.run([twistd_python(), "-c",
                             "from mqttamqp.native import build; print(build())"],
                            capture_output=True, text=True, timeout=timeout, cwd="/", env=env)
     except (OSError, subprocess.TimeoutExpired):

@@ -177,6 +177,9 @@ def main():
     doc = {"tool": "bench/durable_probe.py", "machine": run.machine_facts(),
            "baseline": args.baseline, "engine": args.engine,
            "build": brokers.mqttamqp_build(env_extra),
+           "baseline_build": (brokers.mqttamqp_build(
+               dict(env_extra, PYTHONPATH=os.path.abspath(args.baseline)))
+               if args.baseline else None),
            "count": args.count, "window": args.window, "mqttamqp_args": args.mqttamqp_arg,
            "summary": summary, "runs": runs}
     text = json.dumps(doc, indent=1)
