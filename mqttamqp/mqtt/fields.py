@@ -9,12 +9,13 @@ decisions (those are ``connection``'s and ``decisions``').
 
 from __future__ import annotations
 
-from typing import Any
+from mqttamqp.native import mypyc_attr
 
 Buffer = bytes | bytearray
 
 
-class MalformedPacket(Exception):
+@mypyc_attr(native_class=False)   # (as the other compiled exceptions: an ordinary
+class MalformedPacket(Exception):   # class, whose fields pickle; its methods compiled)
     """The peer sent bytes that are not a valid MQTT packet; ``reason`` says why and
     ``code`` is the MQTT 5 reason code to close with (0x81 malformed, 0x82
     protocol error, 0x95 packet too large)."""
@@ -30,13 +31,6 @@ class MalformedPacket(Exception):
         self.code = code
         self.in_connect5 = False
         self.limit = limit
-
-    def __reduce__(self) -> tuple[type[MalformedPacket], tuple[str, int, str | None],
-                                  dict[str, Any]]:
-        # (``BaseException.__reduce__`` hands over the C struct's own dict, which a
-        # mypyc-compiled class does not use: its fields and any other attribute,
-        # ``__notes__`` too, are in the instance dict that ``vars`` reads)
-        return type(self), (self.reason, self.code, self.limit), dict(vars(self))
 
 
 def read_string(buf: Buffer, p: int, end: int, strict: bool, what: str) -> tuple[str, int]:
