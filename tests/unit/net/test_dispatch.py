@@ -7,7 +7,6 @@ Reactors are built and closed here, never run; the descriptors are a socket pair
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -50,15 +49,20 @@ class _Reader:
         pass
 
 
+def _close(r: EPollReactor) -> None:
+    """A reactor that was never run, closed: its selectables, waker and epoll."""
+    r.removeAll()
+    r.waker.connectionLost(None)
+    r._poller.close()
+
+
 @pytest.fixture
 def reactor() -> Iterator[EPollReactor]:
     r = EPollReactor()
     try:
         yield r
     finally:
-        r.removeAll()
-        r.waker.connectionLost(None)
-        r._poller.close()
+        _close(r)
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -702,24 +706,6 @@ def test_a_tls_connection_takes_the_shortcut_and_its_bytes_arrive(tmp_path: Any)
 # -- add_reader: a connection a lean port accepted, registered for reading -----------
 
 
-class _Selectable:
-    """The least a reactor asks of a reader: its descriptor."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def doRead(self) -> None:   # (never called: no reactor here runs)
-        raise AssertionError("not run")
-
-    doWrite = doRead
-
-    def connectionLost(self, reason: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def lean_and_twisted() -> Iterator[tuple[EPollReactor, EPollReactor]]:
     """Two epoll reactors, never run: one with the lean dispatch (whose ``add_reader``
@@ -730,12 +716,10 @@ def lean_and_twisted() -> Iterator[tuple[EPollReactor, EPollReactor]]:
         yield pair
     finally:
         for r in pair:
-            r.removeAll()
-            r.waker.connectionLost(None)
-            r._poller.close()
+            _close(r)
 
 
-def _held(reactor: Any, selectable: _Selectable) -> tuple[bool, bool, bool, bool]:
+def _held(reactor: Any, selectable: _Reader) -> tuple[bool, bool, bool, bool]:
     """What ``reactor`` holds of ``selectable``'s descriptor: in its read set, in its
     write set, its selectable, polled continuously."""
     fd = selectable.fileno()
@@ -751,16 +735,16 @@ def test_add_reader_polls_a_descriptor_epoll_refuses_continuously(
     lean, twisted = lean_and_twisted
     path = tmp_path / "plain"
     path.write_bytes(b"x")
-    fd = os.open(path, os.O_RDONLY)
+    plain: Any = open(path, "rb")   # (a ``_Reader`` asks of it only its ``fileno``)
     try:
-        ours, theirs = _Selectable(fd), _Selectable(fd)
-        lean._lean_add_reader(ours, fd)
+        ours, theirs = _Reader(plain), _Reader(plain)
+        lean._lean_add_reader(ours, plain.fileno())
         twisted.addReader(theirs)
         assert _held(lean, ours) == _held(twisted, theirs) == (False, False, False, True)
     finally:
         lean.removeAll()
         twisted.removeAll()
-        os.close(fd)
+        plain.close()
 
 
 def test_add_reader_modifies_a_descriptor_already_written_to_read_and_write(
@@ -772,7 +756,7 @@ def test_add_reader_modifies_a_descriptor_already_written_to_read_and_write(
     a, b = _pair()
     c, d = _pair()
     try:
-        ours, theirs = _Selectable(a.fileno()), _Selectable(c.fileno())
+        ours, theirs = _Reader(a), _Reader(c)
         lean.addWriter(ours)
         twisted.addWriter(theirs)
         lean._lean_add_reader(ours, a.fileno())
@@ -799,11 +783,11 @@ def test_add_reader_leaves_a_descriptor_already_read_as_it_is(
     a, b = _pair()
     c, d = _pair()
     try:
-        ours, theirs = _Selectable(a.fileno()), _Selectable(c.fileno())
+        ours, theirs = _Reader(a), _Reader(c)
         lean._lean_add_reader(ours, a.fileno())
         twisted.addReader(theirs)
-        lean._lean_add_reader(_Selectable(a.fileno()), a.fileno())
-        twisted.addReader(_Selectable(c.fileno()))
+        lean._lean_add_reader(_Reader(a), a.fileno())
+        twisted.addReader(_Reader(c))
         assert _held(lean, ours) == _held(twisted, theirs) == (True, False, True, False)
         assert not lean._continuousPolling._readers
         assert not twisted._continuousPolling._readers
