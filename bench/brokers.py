@@ -85,17 +85,19 @@ def proc_threads(pid):
     return out
 
 
-def threads_per_unit(pid, before, after, n, process_cpu_s=None):
+def threads_per_unit(pid, before, after, n, process_cpu_s=None, group=None):
     """The main thread's (the reactor's, for mqttamqp) and the other threads' user
     and system CPU (µs) and context switches per unit (message, connection) between
     two ``proc_threads`` of process ``pid`` (a thread started meanwhile counts from
-    0). With ``process_cpu_s`` (the process's CPU over the same interval, all threads)
-    also ``unattributed_cpu_us``: what the threads that ended meanwhile took, and the
-    clock ticks' rounding. Resolution: one clock tick (10 ms) over ``n``."""
+    0); ``group(key, row)``, if given, names the part each thread is summed into
+    instead. With ``process_cpu_s`` (the process's CPU over the same interval, all
+    threads) also ``unattributed_cpu_us``: what the threads that ended meanwhile took,
+    and the clock ticks' rounding. Resolution: one clock tick (10 ms) over ``n``."""
     res = {}
     for key, row in after.items():
         b = before.get(key)
-        part = res.setdefault("main" if key[0] == pid else "other_threads",
+        name = group(key, row) if group else ("main" if key[0] == pid else "other_threads")
+        part = res.setdefault(name,
                               {"user_us": 0.0, "sys_us": 0.0, "voluntary_switches": 0.0,
                                "involuntary_switches": 0.0})
         delta = {c: row[c] - (b[c] if b else 0) for c in THREAD_COUNTERS}

@@ -87,10 +87,10 @@ def one_run(label, args, help_text, env_extra, rep, storage=()):
         res = run.run_throughput(2, b, cfg, f"{label}-p{rep}")
         after = brokers.proc_threads(pid)
         b.stop()
-        threads = {}   # (thread id: CPU seconds over the run; a thread matched by id and start)
-        for key, row in after.items():
-            was = before.get(key, {"user_s": 0.0, "sys_s": 0.0})
-            threads[key[0]] = round(row["user_s"] + row["sys_s"] - was["user_s"] - was["sys_s"], 3)
+        by_thread = brokers.threads_per_unit(pid, before, after, 1,
+                                             group=lambda key, row: key[0])
+        threads = {tid: round((part["user_us"] + part["sys_us"]) / 1e6, 3)   # (seconds)
+                   for tid, part in by_thread.items()}
         n = res.get("delivered") or 0
         out = {"broker": label, "msgs_per_s": res.get("value"), "delivered": n,
                "loss": res.get("loss"), "cpu_us_per_msg": res.get("broker_cpu_us_per_msg"),

@@ -58,6 +58,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import brokers  # noqa: E402
+
 LOADGEN = os.path.join(HERE, "loadgen.py")
 SAMPLES = 100_000   # (per histogram: a bound on what a run keeps)
 EDGES_US = (50, 100, 200, 300, 500, 750, 1000, 2000, 5000, 10000, 20000, 50000)
@@ -92,34 +94,15 @@ class Histogram:
                 **quantiles}
 
 
-def thread_stats() -> dict[str, list[float]]:
-    """User and system CPU seconds and voluntary/involuntary context switches of
-    each thread of this process, by thread name (Python's names by native id; threads
-    of one name are summed)."""
+def threads_per_message(before: dict[Any, Any], n: int) -> dict[str, dict[str, float]]:
+    """Each thread's user and system CPU (µs) and context switches per message since
+    ``before`` (``brokers.proc_threads`` of this process), by thread name (Python's
+    names by native id; threads of one name are summed)."""
     import threading
 
-    import brokers
     names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[str, list[float]] = {}
-    for (tid, _), row in brokers.proc_threads(os.getpid()).items():
-        summed = out.setdefault(names.get(tid) or row["name"], [0.0, 0.0, 0, 0])
-        for i, counter in enumerate(brokers.THREAD_COUNTERS):
-            summed[i] += row[counter]
-    return out
-
-
-def per_message(before: dict[str, list[float]], after: dict[str, list[float]],
-                n: int) -> dict[str, dict[str, float]]:
-    """Each thread's user and system CPU (µs) and context switches per message
-    between two ``thread_stats``."""
-    res = {}
-    for name, row in after.items():
-        b = before.get(name, [0.0, 0.0, 0, 0])
-        res[name] = {"user_us": round((row[0] - b[0]) * 1e6 / n, 2),
-                     "sys_us": round((row[1] - b[1]) * 1e6 / n, 2),
-                     "voluntary_switches": round((row[2] - b[2]) / n, 4),
-                     "involuntary_switches": round((row[3] - b[3]) / n, 4)}
-    return res
+    return brokers.threads_per_unit(os.getpid(), before, brokers.proc_threads(os.getpid()),
+                                    n, group=lambda key, row: names.get(key[0]) or row["name"])
 
 
 def main() -> int:
@@ -355,7 +338,7 @@ def main() -> int:
         return real_call_later(delay, f, *a, **kw)
 
     reactor.callLater = call_later   # type: ignore[method-assign]
-    threads0: list[dict[str, list[float]]] = []
+    threads0: list[dict[Any, Any]] = []
     archive = getattr(svc, "archive", None)   # (None with --no-archive)
     steps0: list[int] = []
     if args.jobs and archive is not None:
@@ -431,7 +414,7 @@ def main() -> int:
                 elif tag == "READY" and self.name == "pub":
                     recording[0] = True
                     cpu0.append(time.process_time())
-                    threads0.append(thread_stats())
+                    threads0.append(brokers.proc_threads(os.getpid()))
                     if args.callgrind:
                         subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())],
                                        stdout=subprocess.DEVNULL, timeout=60, check=False)
@@ -460,8 +443,8 @@ def main() -> int:
                             profiler.disable()
                         report["broker_cpu_us_per_msg"] = (
                             (time.process_time() - cpu0[0]) * 1e6 / max(1, n))
-                        report["threads_per_msg"] = per_message(threads0[0], thread_stats(),
-                                                                max(1, n))
+                        report["threads_per_msg"] = threads_per_message(threads0[0],
+                                                                        max(1, n))
                         if archive is not None:
                             report["archive_steps_per_msg"] = round(
                                 (archive._steps - steps0[0]) / max(1, n), 5)
